@@ -1,0 +1,53 @@
+"""Short, human words for the ways a request to an upstream host can fail.
+
+They end up in ``last_err``, the status pages and the log, so they must be one
+line, say what happened, and never echo a request or response body.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import defer, error
+from twisted.internet.interfaces import IPushProducer
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+
+
+def is_cancellation(reason: BaseException | Failure) -> bool:
+    """Whether a failure is only our own cancellation (Agent wraps it in ResponseNeverReceived)."""
+    exc = reason.value if isinstance(reason, Failure) else reason
+    if isinstance(exc, defer.CancelledError):
+        return True
+    if isinstance(exc, ResponseNeverReceived | ResponseFailed):
+        return any(is_cancellation(r) for r in exc.reasons)
+    return False
+
+
+def describe(reason: BaseException | Failure) -> str:
+    """One line for an exception from connecting to, or talking with, an upstream."""
+    exc = reason.value if isinstance(reason, Failure) else reason
+    if isinstance(exc, ResponseNeverReceived | ResponseFailed):
+        inner = [describe(r) for r in exc.reasons]
+        prefix = (
+            "closed before answering"
+            if isinstance(exc, ResponseNeverReceived)
+            else "answer cut off"
+        )
+        return f"{prefix} ({'; '.join(inner)})" if inner else prefix
+    if isinstance(exc, error.ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, error.TimeoutError | defer.TimeoutError | TimeoutError):
+        return "timed out"
+    if isinstance(exc, error.DNSLookupError):
+        return "DNS lookup failed"
+    if isinstance(exc, error.ConnectionLost | error.ConnectionDone):
+        return "connection lost"
+    if isinstance(exc, error.ConnectError):
+        return f"cannot connect: {exc.osError or exc.__class__.__name__}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def stop_producing(transport: object) -> None:
+    """Close the connection behind a response body's transport (a producer)."""
+    if transport is not None:
+        IPushProducer(transport).stopProducing()

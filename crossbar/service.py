@@ -1,0 +1,108 @@
+"""Wire config -> health table -> proxy into one Twisted service.
+
+Data flows one way: the config names the hosts, the poller fills the health table,
+the proxy reads the table to choose a host, and the status pages only read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treq.client import HTTPClient
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.resource import Resource
+
+from crossbar.config import Config
+from crossbar.health import HealthTable, Poller, log_transition
+from crossbar.proxy import ProxyResource, RootResource, Site
+
+IDLE_POOL_TIMEOUT = 3.0
+"""Seconds an idle upstream connection is kept: llama-server drops them after 5 s,
+and a POST sent on a connection the server is closing would fail."""
+
+CLIENT_IDLE_TIMEOUT = 75.0
+"""Seconds an idle client connection is kept open."""
+
+
+class Listener(Service):
+    """Listens on an endpoint; ``listening`` fires with the port once it is open.
+
+    A port that cannot be opened (in use, no permission) is raised from
+    ``startService`` so that twistd stops instead of running deaf.
+    """
+
+    def __init__(self, endpoint: IStreamServerEndpoint, factory: Site) -> None:
+        self._endpoint = endpoint
+        self._factory = factory
+        self.port: IListeningPort | None = None
+        self.listening: Deferred[IListeningPort] = Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        d = self._endpoint.listen(self._factory)
+        failures: list[Failure] = []
+        d.addCallbacks(self._listened, failures.append)
+        if failures:
+            self.running = False
+            failures[0].raiseException()
+
+    def _listened(self, port: IListeningPort) -> None:
+        self.port = port
+        self.listening.callback(port)
+
+    def stopService(self) -> Deferred[Any] | None:
+        super().stopService()
+        port, self.port = self.port, None
+        return port.stopListening() if port is not None else None
+
+
+class _ClosePools(Service):
+    """Drops kept-alive upstream connections when crossbar stops."""
+
+    def __init__(self, *pools: HTTPConnectionPool) -> None:
+        self._pools = pools
+
+    def stopService(self) -> Deferred[Any]:
+        super().stopService()
+        return DeferredList([pool.closeCachedConnections() for pool in self._pools])
+
+
+def make_pool(reactor: Any, per_host: int) -> HTTPConnectionPool:
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = per_host
+    pool.cachedConnectionTimeout = IDLE_POOL_TIMEOUT  # type: ignore[assignment]
+    return pool
+
+
+class Crossbar(MultiService):
+    """The running crossbar: poller, proxy and listener. Tests build it directly."""
+
+    def __init__(self, config: Config, reactor: Any, status: Resource | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.table = HealthTable({n: h.url for n, h in config.hosts.items()}, reactor)
+        self.table.on_change(log_transition)
+
+        poll_pool = make_pool(reactor, per_host=1)
+        poll_client = HTTPClient(Agent(reactor, pool=poll_pool, connectTimeout=config.poll_timeout))
+        self.poller = Poller(
+            self.table, poll_client, config.poll_interval, config.poll_timeout, reactor
+        )
+        proxy_pool = make_pool(reactor, per_host=64)
+        agent = Agent(reactor, pool=proxy_pool, connectTimeout=5.0)
+        self.proxy = ProxyResource(config, self.table, agent, reactor)
+
+        root = RootResource(self.proxy)
+        if status is not None:
+            root.putChild(b"_crossbar", status)
+        self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT)
+
+        _ClosePools(poll_pool, proxy_pool).setServiceParent(self)
+        self.poller.setServiceParent(self)
+        self.listener = Listener(serverFromString(reactor, config.listen), self.site)
+        self.listener.setServiceParent(self)

@@ -1,0 +1,301 @@
+"""The health table and its poller, in memory: StubTreq for HTTP and a Clock for time."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import pytest
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.web import server
+from twisted.web.resource import Resource
+
+from crossbar.health import HealthTable, HostState, Poller, parse_models
+
+ROUTER_MODELS = {
+    "object": "list",
+    "data": [
+        {"id": "tiny-b", "object": "model", "status": {"value": "loaded", "args": []}},
+        {"id": "tiny-a", "object": "model", "status": {"value": "loaded", "args": []}},
+        {"id": "tiny-c", "object": "model", "status": {"value": "loading", "args": []}},
+        {"id": "tiny-d", "object": "model", "status": {"value": "unloaded", "failed": True}},
+        {"id": "tiny-a", "object": "model", "status": {"value": "loaded"}},
+        {"id": "", "object": "model", "status": {"value": "loaded"}},
+    ],
+}
+SINGLE_MODEL = {"object": "list", "data": [{"id": "models/tiny-a.gguf", "object": "model"}]}
+
+
+class FakeHost(Resource):
+    """Answers /health and /v1/models as told; records every path it is asked."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[bytes] = []
+        self.health: tuple[int, bytes] = (200, b'{"status":"ok"}')
+        self.models: tuple[int, bytes] = (200, json.dumps(ROUTER_MODELS).encode())
+        self.hang = False
+        self.hanging: list[server.Request] = []
+
+    def render(self, request: server.Request) -> Any:
+        assert request.uri is not None
+        self.paths.append(request.uri)
+        if self.hang:
+            self.hanging.append(request)
+            return server.NOT_DONE_YET
+        code, body = {b"/health": self.health, b"/v1/models": self.models}.get(
+            request.uri, (404, b"{}")
+        )
+        request.setResponseCode(code)
+        return body
+
+
+class Fleet(Resource):
+    """Dispatches StubTreq's requests to a FakeHost by the Host header."""
+
+    isLeaf = True
+
+    def __init__(self, *names: str) -> None:
+        super().__init__()
+        self.hosts = {name: FakeHost() for name in names}
+
+    def render(self, request: server.Request) -> Any:
+        name = (request.getHeader("host") or "").split(":")[0]
+        return self.hosts[name].render(request)
+
+
+@attrs.define
+class Rig:
+    fleet: Fleet
+    client: StubTreq
+    clock: Clock
+    table: HealthTable
+    poller: Poller
+
+    def poll(self, name: str) -> Deferred[None]:
+        d = self.poller.poll_now(name)
+        self.client.flush()
+        return d
+
+    def state(self, name: str) -> HostState:
+        state = self.table.get(name)
+        assert state is not None
+        return state
+
+
+def make_rig(*names: str, interval: float = 5.0, timeout: float = 5.0) -> Rig:
+    fleet = Fleet(*names)
+    client = StubTreq(fleet)
+    clock = Clock()
+    clock.advance(1000)
+    table = HealthTable({n: f"http://{n}:8080" for n in names}, clock)
+    poller = Poller(table, client, interval=interval, timeout=timeout, clock=clock)
+    return Rig(fleet, client, clock, table, poller)
+
+
+def test_initial_state() -> None:
+    rig = make_rig("gpu-a")
+    state = rig.state("gpu-a")
+    assert state.to_json() == {
+        "url": "http://gpu-a:8080",
+        "healthy": False,
+        "state": "unknown",
+        "loaded": [],
+        "known": [],
+        "consecutive": 0,
+        "last_ok": None,
+        "last_err": "",
+    }
+
+
+def test_good_poll_records_loaded_and_known_models() -> None:
+    rig = make_rig("gpu-a")
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert state.healthy
+    assert state.loaded == ("tiny-a", "tiny-b")  # sorted, unique, non-empty, only "loaded"
+    assert state.known == ("tiny-a", "tiny-b", "tiny-c", "tiny-d")
+    assert state.consecutive == 1
+    assert state.last_ok == 1000.0
+    assert state.last_err == ""
+    assert rig.fleet.hosts["gpu-a"].paths == [b"/health", b"/v1/models"]
+
+
+def test_single_model_server_entry_without_status_is_resident() -> None:
+    assert parse_models(json.dumps(SINGLE_MODEL).encode()) == (
+        ["models/tiny-a.gguf"],
+        ["models/tiny-a.gguf"],
+    )
+
+
+def test_health_failure_skips_models() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.health = (503, b'{"error":{"code":503,"message":"Loading model"}}')
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert not state.healthy
+    assert state.last_err == "health: HTTP 503"
+    assert host.paths == [b"/health"]
+
+
+@pytest.mark.parametrize(
+    ("models", "error"),
+    [
+        ((500, b"{}"), "models: HTTP 500"),
+        ((200, b"not json"), "models: bad answer"),
+        ((200, b'{"models": []}'), "models: bad answer"),
+        ((200, b'{"data": [1]}'), "models: bad answer"),
+        ((200, b'{"data": [], "pad": "' + b"x" * (1024 * 1024) + b'"}'), "models: "),
+    ],
+)
+def test_models_failures(models: tuple[int, bytes], error: str) -> None:
+    rig = make_rig("gpu-a")
+    rig.fleet.hosts["gpu-a"].models = models
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert not state.healthy
+    assert state.last_err.startswith(error), state.last_err
+
+
+def test_body_over_one_mib_fails_and_exactly_one_mib_passes() -> None:
+    rig = make_rig("gpu-a")
+    base = b'{"data": [], "pad": ""}'
+    exact = base.replace(b'""', b'"' + b"x" * (1024 * 1024 - len(base)) + b'"')
+    assert len(exact) == 1024 * 1024
+    rig.fleet.hosts["gpu-a"].models = (200, exact)
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").healthy
+    rig.fleet.hosts["gpu-a"].models = (200, exact[:-1] + b" }")
+    rig.poll("gpu-a")
+    assert "larger than" in rig.state("gpu-a").last_err
+
+
+def test_failure_then_recovery_needs_two_good_polls() -> None:
+    rig = make_rig("gpu-a")
+    rig.poll("gpu-a")
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").consecutive == 2
+    loaded_before = rig.state("gpu-a").loaded
+
+    rig.fleet.hosts["gpu-a"].health = (500, b"")
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert (state.healthy, state.consecutive) == (False, 0)
+    assert state.loaded == loaded_before  # stays as last seen
+
+    rig.fleet.hosts["gpu-a"].health = (200, b"{}")
+    rig.poll("gpu-a")
+    assert (rig.state("gpu-a").healthy, rig.state("gpu-a").consecutive) == (False, 1)
+    rig.poll("gpu-a")
+    assert (rig.state("gpu-a").healthy, rig.state("gpu-a").consecutive) == (True, 2)
+
+
+def test_mark_down() -> None:
+    rig = make_rig("gpu-a")
+    rig.poll("gpu-a")
+    rig.table.mark_down("gpu-a", "connection refused")
+    state = rig.state("gpu-a")
+    assert (state.healthy, state.consecutive) == (False, 0)
+    assert state.last_err == "marked down: connection refused"
+    assert state.loaded == ("tiny-a", "tiny-b")
+    rig.table.mark_down("nobody", "x")  # ignored
+    assert rig.table.get("nobody") is None
+    rig.poll("gpu-a")
+    assert not rig.state("gpu-a").healthy
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").healthy
+
+
+def test_poll_times_out() -> None:
+    rig = make_rig("gpu-a", timeout=5.0)
+    rig.fleet.hosts["gpu-a"].hang = True
+    d = rig.poll("gpu-a")
+    rig.clock.advance(4.9)
+    assert rig.state("gpu-a").last_err == ""
+    rig.clock.advance(0.2)
+    rig.client.flush()
+    assert d.called
+    assert rig.state("gpu-a").last_err == "health: timed out after 5s"
+
+
+def test_stopping_cancels_polls_and_records_nothing() -> None:
+    rig = make_rig("gpu-a")
+    rig.fleet.hosts["gpu-a"].hang = True
+    rig.poller.startService()
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-a"].paths == [b"/health"]
+    stopped = rig.poller.stopService()
+    rig.client.flush()
+    assert stopped.called
+    assert rig.state("gpu-a") == HostState(name="gpu-a", url="http://gpu-a:8080")
+
+
+def test_looping_call_polls_all_at_start_then_every_interval_without_doubling() -> None:
+    rig = make_rig("gpu-a", "gpu-b", interval=5.0, timeout=60.0)
+    slow = rig.fleet.hosts["gpu-b"]
+    slow.hang = True
+    rig.poller.startService()
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-a"].paths == [b"/health", b"/v1/models"]
+    assert slow.paths == [b"/health"]
+    assert rig.state("gpu-a").healthy  # the slow host did not delay the other
+
+    rig.clock.advance(5.0)
+    rig.client.flush()
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 4
+    assert slow.paths == [b"/health"]  # still running: not polled twice
+
+    slow.hang = False
+    for request in slow.hanging:
+        request.setResponseCode(503)
+        request.finish()
+    rig.client.flush()
+    assert rig.state("gpu-b").last_err == "health: HTTP 503"
+    rig.clock.advance(5.0)
+    rig.client.flush()
+    assert slow.paths == [b"/health", b"/health", b"/v1/models"]
+    assert rig.state("gpu-b").consecutive == 1
+    rig.poller.stopService()
+
+
+def test_never_asks_paths_that_load_models() -> None:
+    rig = make_rig("gpu-a")
+    rig.poller.startService()
+    for _ in range(20):
+        rig.clock.advance(5.0)
+        rig.client.flush()
+    rig.poller.stopService()
+    asked = set(rig.fleet.hosts["gpu-a"].paths)
+    assert asked == {b"/health", b"/v1/models"}
+
+
+def test_readers_cannot_change_the_table() -> None:
+    rig = make_rig("gpu-a")
+    rig.poll("gpu-a")
+    snapshot = rig.table.snapshot()
+    snapshot.pop("gpu-a")
+    assert rig.table.get("gpu-a") is not None
+    got = rig.state("gpu-a")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        got.healthy = False  # type: ignore[misc]
+    exported = got.to_json()
+    exported["loaded"].append("zzz")
+    assert rig.state("gpu-a").loaded == ("tiny-a", "tiny-b")
+
+
+def test_state_changes_are_reported_once() -> None:
+    rig = make_rig("gpu-a")
+    seen: list[tuple[str, str]] = []
+    rig.table.on_change(lambda old, new: seen.append((old.state, new.state)))
+    rig.poll("gpu-a")
+    rig.poll("gpu-a")
+    rig.fleet.hosts["gpu-a"].health = (503, b"")
+    rig.poll("gpu-a")
+    rig.poll("gpu-a")
+    assert seen == [("unknown", "up"), ("up", "down")]
