@@ -33,10 +33,14 @@ class ConfigError(Exception):
         super().__init__(f"{where}: {problem}")
 
 
+def _trim_slash(url: str) -> str:
+    return url.rstrip("/")
+
+
 @attrs.frozen
 class HostConfig:
     name: str
-    url: str
+    url: str = attrs.field(converter=_trim_slash)
     """Base URL without a trailing slash; a path prefix is kept."""
 
 

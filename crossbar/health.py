@@ -49,6 +49,8 @@ class HostState:
     has_failed: bool = False
     polled: bool = False
     """A poll of this host has ended (either way); until then its state is unknown."""
+    polls: int = 0
+    poll_failures: int = 0
 
     @property
     def state(self) -> str:
@@ -107,22 +109,30 @@ class HealthTable:
                 last_ok=self._clock.seconds(),
                 last_err="",
                 polled=True,
+                polls=old.polls + 1,
             )
         )
 
-    def record_failure(self, name: str, reason: str) -> None:
+    def record_failure(self, name: str, reason: str, *, poll: bool = True) -> None:
         old = self._states.get(name)
         if old is None:
             return
         self._set(
             attrs.evolve(
-                old, healthy=False, consecutive=0, last_err=reason, has_failed=True, polled=True
+                old,
+                healthy=False,
+                consecutive=0,
+                last_err=reason,
+                has_failed=True,
+                polled=old.polled or poll,
+                polls=old.polls + poll,
+                poll_failures=old.poll_failures + poll,
             )
         )
 
     def mark_down(self, name: str, reason: str) -> None:
         """The proxy saw a real request to this host fail."""
-        self.record_failure(name, f"marked down: {reason}")
+        self.record_failure(name, f"marked down: {reason}", poll=False)
 
     def _set(self, new: HostState) -> None:
         old = self._states[new.name]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from io import BytesIO
-from typing import Any
+from typing import Any, Protocol
 
+from twisted.internet import protocol
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IConsumer, IReactorTime, ITCPTransport
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -55,6 +55,25 @@ _NOT_RETURNED = HOP_BY_HOP | {b"content-length"}
 _BODYLESS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 
 log = Logger()
+
+
+class ProxyObserver(Protocol):
+    """What the proxy reports of each request when it ends (metrics live elsewhere)."""
+
+    def request_done(
+        self,
+        route: str,
+        host: str | None,
+        status: int,
+        seconds: float,
+        first_byte: float | None,
+        sent: int,
+    ) -> None: ...
+
+
+class _NoObserver:
+    def request_done(self, *args: object) -> None:
+        pass
 
 
 def json_body(payload: dict[str, Any]) -> bytes:
@@ -173,6 +192,7 @@ class ProxyResource(Resource):
         self.table = table
         self.agent = agent
         self.clock = clock
+        self.observer: ProxyObserver = _NoObserver()
         self.in_flight: dict[str, int] = dict.fromkeys(config.hosts, 0)
 
     def render(self, request: server.Request) -> int:
@@ -182,13 +202,14 @@ class ProxyResource(Resource):
         return server.NOT_DONE_YET
 
 
-class _StreamBody(Protocol):
+class _StreamBody(protocol.Protocol):
     """Carries the upstream body to the client as it arrives; no buffering."""
 
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
 
     def dataReceived(self, data: bytes) -> None:
+        self.exchange.sent += len(data)
         self.exchange.request.write(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
@@ -207,6 +228,8 @@ class Exchange:
         self.path = b"-"
         self.client_gone = False
         self.finished = False
+        self.sent = 0
+        self.first_byte: float | None = None
         self._pending: Deferred[IResponse] | None = None
         self._body: _StreamBody | None = None
 
@@ -282,6 +305,7 @@ class Exchange:
 
     def _got_response(self, response: IResponse) -> None:
         self._pending = None
+        self.first_byte = self.proxy.clock.seconds() - self.started
         request = self.request
         if self.client_gone:
             response.deliverBody(_Discard())
@@ -373,21 +397,25 @@ class Exchange:
                 stop_producing(self._body.transport)
         if self.host is not None:
             self.proxy.in_flight[self.host] -= 1
-        ms = (self.proxy.clock.seconds() - self.started) * 1000
+        seconds = self.proxy.clock.seconds() - self.started
         answered = self.finished or self.request.startedWriting
+        status = self.request.code if answered else 499
+        self.proxy.observer.request_done(
+            self.route, self.host, status, seconds, self.first_byte, self.sent
+        )
         log.info(
             "{route} {host} {method} {path} {status} {ms:.0f}ms{note}",
             route=self.route,
             host=self.host or "-",
             method=(self.request.method or b"-").decode("latin-1"),
             path=self.path.decode("latin-1"),
-            status=self.request.code if answered else 499,
-            ms=ms,
+            status=status,
+            ms=seconds * 1000,
             note=note,
         )
 
 
-class _Discard(Protocol):
+class _Discard(protocol.Protocol):
     """Closes an upstream answer nobody is waiting for any more."""
 
     def connectionMade(self) -> None:

@@ -1,0 +1,508 @@
+"""The simulated llama-server must answer like the real one, and fail on demand."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import pytest_twisted
+from treq.client import HTTPClient
+from treq.testing import StubTreq
+from twisted.internet import error
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.task import Clock, deferLater
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
+
+from crossbar.simulator import RecordedRequest, SimulatedHost, _parse_models
+
+TWO_MODELS = {"tiny-a": "loaded", "tiny-b": "unloaded"}
+ERROR_KEYS = ["code", "message", "type"]
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class RawClient(Protocol):
+    """A bare TCP client: sees the exact bytes, and how the connection ended."""
+
+    transport: Any
+
+    def __init__(self, keep: bool = True) -> None:
+        self.data = b""
+        self.received = 0
+        self.lost: Deferred[BaseException] = Deferred()  # fires with the reason
+        self._keep = keep
+        self._waiting: list[tuple[bytes, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += len(data)
+        self.data = self.data + data if self._keep else (self.data + data)[-64:]
+        for marker, d in list(self._waiting):
+            if marker in self.data:
+                self._waiting.remove((marker, d))
+                d.callback(None)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        assert reason.value is not None
+        self.lost.callback(reason.value)
+
+    def wait_for(self, marker: bytes) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        if marker in self.data:
+            d.callback(None)
+        else:
+            self._waiting.append((marker, d))
+        return d
+
+
+def client_reactor() -> Any:
+    """The global reactor, for waits outside the fixtures."""
+    from twisted.internet import reactor
+
+    return reactor
+
+
+async def send_raw(sim: SimulatedHost, request: bytes, keep: bool = True) -> RawClient:
+    from twisted.internet import reactor
+
+    port = urlparse(sim.url).port
+    assert port is not None
+    client = RawClient(keep)
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
+    client.transport.write(request)
+    return client
+
+
+def watch(d: Deferred[Any]) -> list[object]:
+    """A list that gets the result of ``d`` once it has one (``d.called`` is not enough)."""
+    results: list[object] = []
+
+    def seen(result: object) -> object:
+        results.append(result)
+        return result
+
+    d.addBoth(seen)
+    return results
+
+
+def http_post(path: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Length: {len(data)}\r\n"
+    return head.encode() + b"Content-Type: application/json\r\n\r\n" + data
+
+
+def http_chunks(raw: bytes) -> tuple[bytes, list[bytes]]:
+    """Split a chunked HTTP response into its head and its chunks, one per server write."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    chunks = []
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        chunks.append(rest[:size])
+        rest = rest[size + 2 :]
+    return head, chunks
+
+
+def sse_payloads(body: bytes) -> list[Any]:
+    events = body.split(b"\n\n")
+    assert events[-1] == b""
+    payloads: list[Any] = []
+    for event in events[:-1]:
+        assert event.startswith(b"data: ")
+        data = event[len(b"data: ") :]
+        payloads.append(data.decode() if data == b"[DONE]" else json.loads(data))
+    return payloads
+
+
+def chat(model: str | None = "tiny-a", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi there"}], **extra}
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def stub_for(sim: SimulatedHost) -> Any:
+    """treq without sockets, straight into the simulator's resource."""
+    return StubTreq(sim.resource)
+
+
+async def post_json(stub: Any, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    response = await stub.post("http://sim" + path, json=body)
+    return response.code, await stub.json_content(response)
+
+
+async def get_json(stub: Any, path: str) -> tuple[int, Any]:
+    response = await stub.get("http://sim" + path)
+    return response.code, await stub.json_content(response)
+
+
+@pytest_twisted.async_yield_fixture
+async def hosts() -> AsyncIterator[Callable[..., SimulatedHost]]:
+    """Makes simulated hosts, and stops every one of them at the end of the test."""
+    made: list[SimulatedHost] = []
+
+    def make(**kwargs: Any) -> SimulatedHost:
+        made.append(SimulatedHost(**kwargs))
+        return made[-1]
+
+    yield make
+    for sim in made:
+        await sim.stop()
+
+
+@pytest_twisted.async_yield_fixture
+async def http(reactor: Any) -> AsyncIterator[HTTPClient]:
+    """A treq client over real sockets that keeps no connection around."""
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    yield HTTPClient(Agent(reactor, pool=pool))
+    await pool.closeCachedConnections()
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_health_is_ok_and_loading_fault_answers_503() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    assert await get_json(stub, "/health") == (200, {"status": "ok"})
+    sim.fault = "loading"
+    loading = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    assert await get_json(stub, "/health") == (503, loading)
+    assert await get_json(stub, "/v1/models") == (503, loading)
+
+
+@pytest_twisted.ensureDeferred
+async def test_router_lists_every_model_with_status() -> None:
+    sim = SimulatedHost({**TWO_MODELS, "tiny-c": "loading"}, load_time=5, reactor=Clock())
+    stub = stub_for(sim)
+    for path in ("/v1/models", "/models"):
+        code, body = await get_json(stub, path)
+        assert code == 200 and body["object"] == "list"
+        statuses = {m["id"]: m["status"]["value"] for m in body["data"]}
+        assert statuses == {"tiny-a": "loaded", "tiny-b": "unloaded", "tiny-c": "loading"}
+        entry = body["data"][0]
+        assert entry["aliases"] == [] and entry["tags"] == [] and entry["object"] == "model"
+        assert entry["owned_by"] == "llamacpp" and isinstance(entry["created"], int)
+        assert isinstance(entry["status"]["args"], list)
+
+
+@pytest_twisted.ensureDeferred
+async def test_single_model_lists_one_entry_without_status_and_ignores_model() -> None:
+    sim = SimulatedHost({"models/tiny-a.gguf": "loaded"}, router=False)
+    stub = stub_for(sim)
+    code, body = await get_json(stub, "/v1/models")
+    assert code == 200 and body["object"] == "list" and len(body["models"]) == 1
+    (entry,) = body["data"]
+    assert entry["id"] == "models/tiny-a.gguf" and "status" not in entry
+    assert entry["owned_by"] == "llamacpp" and "meta" in entry
+    code, answer = await post_json(stub, "/v1/chat/completions", chat("whatever"))
+    assert code == 200 and answer["object"] == "chat.completion"
+    code, slots = await get_json(stub, "/slots")
+    assert code == 200 and slots[0]["id"] == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [(None, "model name is missing from the request"), ("nope", "model 'nope' not found")],
+)
+@pytest_twisted.ensureDeferred
+async def test_router_rejects_missing_or_unknown_model(model: str | None, message: str) -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        code, body = await post_json(stub, path, chat(model))
+        assert code == 400
+        assert body == {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
+        assert list(body["error"]) == ERROR_KEYS
+
+
+@pytest_twisted.ensureDeferred
+async def test_chat_answer_has_openai_shape() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    code, body = await post_json(stub, "/v1/chat/completions", chat(max_tokens=5))
+    assert code == 200
+    assert body["object"] == "chat.completion" and body["model"] == "tiny-a"
+    assert body["id"].startswith("chatcmpl-") and isinstance(body["created"], int)
+    assert body["system_fingerprint"] and body["usage"]["completion_tokens"] == 5
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "abcde"}
+    assert choice["finish_reason"] == "length"
+    code, text = await post_json(stub, "/v1/completions", {"model": "tiny-a", "prompt": "x"})
+    assert code == 200 and text["object"] == "text_completion"
+    assert len(text["choices"][0]["text"]) == 8 and text["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest_twisted.ensureDeferred
+async def test_completions_close_the_connection_unless_told_not_to(
+    hosts: Callable[..., SimulatedHost],
+) -> None:
+    sim = hosts(models=TWO_MODELS)
+    await sim.listen()
+    client = await send_raw(sim, http_post("/v1/chat/completions", chat()))
+    await client.lost
+    assert b"Connection: close" in client.data and b"Keep-Alive: timeout=5" in client.data
+    sim.close_completions = False
+    client = await send_raw(sim, http_post("/v1/chat/completions", chat()))
+    await client.wait_for(b'"usage"')
+    assert b"Connection: close" not in client.data and sim.open_connections == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_chat_request_loads_an_unloaded_model_and_waits_for_it() -> None:
+    clock = Clock()
+    sim = SimulatedHost(TWO_MODELS, load_time=2.0, models_max=1, reactor=clock)
+    stub = stub_for(sim)
+    answer = stub.post("http://sim/v1/chat/completions", json=chat("tiny-b"))
+    answered = watch(answer)
+    stub.flush()
+    assert sim.models == {"tiny-a": "unloaded", "tiny-b": "loading"}  # LRU evicted
+    clock.advance(1.9)
+    stub.flush()
+    assert not answered and sim.status("tiny-b") == "loading"
+    clock.advance(0.1)
+    stub.flush()
+    assert sim.status("tiny-b") == "loaded"
+    response = await answer
+    assert response.code == 200
+    assert (await stub.json_content(response))["model"] == "tiny-b"
+
+
+@pytest_twisted.ensureDeferred
+async def test_failed_load_answers_500_and_marks_the_model() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    sim.fail_loads.add("tiny-b")
+    stub = stub_for(sim)
+    code, body = await post_json(stub, "/v1/chat/completions", chat("tiny-b"))
+    assert code == 500 and body["error"]["message"] == "model name=tiny-b failed to load"
+    (_, entry) = (await get_json(stub, "/v1/models"))[1]["data"]
+    assert entry["status"]["value"] == "unloaded" and entry["status"]["failed"] is True
+
+
+@pytest_twisted.ensureDeferred
+async def test_models_load_and_unload_endpoints() -> None:
+    clock = Clock()
+    sim = SimulatedHost(TWO_MODELS, load_time=1.0, reactor=clock)
+    stub = stub_for(sim)
+    assert await post_json(stub, "/models/load", {"model": "tiny-b"}) == (200, {"success": True})
+    assert sim.status("tiny-b") == "loading"
+    code, body = await post_json(stub, "/models/load", {"model": "tiny-b"})
+    assert (code, body["error"]["message"]) == (400, "model is already running")
+    clock.advance(1.0)
+    assert sim.status("tiny-b") == "loaded"
+    assert await post_json(stub, "/models/unload", {"model": "tiny-b"}) == (200, {"success": True})
+    assert sim.status("tiny-b") == "unloaded"
+    code, body = await post_json(stub, "/models/load", {"model": "nope"})
+    assert (code, body["error"]["type"]) == (404, "not_found_error")
+
+
+@pytest.mark.parametrize("path", ["/slots", "/metrics", "/props"])
+@pytest_twisted.ensureDeferred
+async def test_model_query_on_router_loads_that_model(path: str) -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    response = await stub.get(f"http://sim{path}?model=tiny-b")
+    assert response.code == 200
+    await stub.content(response)
+    assert sim.status("tiny-b") == "loaded"
+
+
+@pytest_twisted.ensureDeferred
+async def test_router_info_without_model() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    for path in ("/slots", "/metrics"):
+        code, body = await get_json(stub, path)
+        assert code == 400 and body["error"]["type"] == "invalid_request_error"
+    code, props = await get_json(stub, "/props")
+    assert code == 200 and props["role"] == "router" and props["max_instances"] == 4
+    assert props["models_autoload"] is True
+    code, body = await get_json(stub, "/nope")
+    assert body == {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}
+    assert sim.models == TWO_MODELS
+
+
+@pytest_twisted.ensureDeferred
+async def test_error_fault_answers_llama_error_json() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    sim.fault = "error"
+    code, body = await post_json(stub, "/v1/chat/completions", chat())
+    assert code == 500 and body["error"]["type"] == "server_error"
+    sim.error_status = 503
+    code, body = await get_json(stub, "/health")
+    assert code == 503 and body["error"]["code"] == 503
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_are_recorded_in_order() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    await stub.content(await stub.get("http://sim/health"))
+    await stub.content(await stub.get("http://sim/v1/models?x=1"))
+    response = await stub.post(
+        "http://sim/v1/chat/completions", json=chat(), headers={"X-Trace": "abc"}
+    )
+    await stub.content(response)
+    assert sim.paths() == ["/health", "/v1/models?x=1", "/v1/chat/completions"]
+    last = sim.requests[-1]
+    assert isinstance(last, RecordedRequest) and last.method == "POST"
+    assert last.headers["x-trace"] == "abc" and last.json() == chat()
+
+
+# -- streaming over real sockets ----------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_stream_framing_matches_llama(hosts: Callable[..., SimulatedHost]) -> None:
+    sim = hosts(models=TWO_MODELS, chunk_interval=0.001)
+    await sim.listen()
+    body = chat(stream=True, max_tokens=5, stream_options={"include_usage": True})
+    client = await send_raw(sim, http_post("/v1/chat/completions", body))
+    reason = await client.lost
+    assert isinstance(reason, error.ConnectionDone)  # the router closes after completions
+    head, chunks = http_chunks(client.data)
+    for line in (b"Content-Type: text/event-stream", b"X-Accel-Buffering: no"):
+        assert line in head
+    assert b"Transfer-Encoding: chunked" in head and b"Connection: close" in head
+    events = [sse_payloads(chunk) for chunk in chunks]
+    assert all(len(event) == 1 for event in events)  # one SSE event per write
+    payloads = [event[0] for event in events]
+    assert payloads[-1] == "[DONE]"
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    content = [p["choices"][0]["delta"]["content"] for p in payloads[1:6]]
+    assert content == ["a", "b", "c", "d", "e"]
+    assert all(p["object"] == "chat.completion.chunk" for p in payloads[:-1])
+    assert payloads[6]["choices"][0] == {"finish_reason": "length", "index": 0, "delta": {}}
+    assert payloads[7]["choices"] == [] and payloads[7]["usage"]["completion_tokens"] == 5
+    assert len(payloads) == 9
+
+
+@pytest_twisted.ensureDeferred
+async def test_stream_without_sockets_uses_default_chunk_count() -> None:
+    sim = SimulatedHost(TWO_MODELS, chunk_size=3)
+    stub = stub_for(sim)
+    response = await stub.post("http://sim/v1/completions", json={"model": "tiny-a", "stream": 1})
+    assert (await stub.json_content(response))["object"] == "text_completion"  # stream must be true
+    response = await stub.post(
+        "http://sim/v1/completions", json={"model": "tiny-a", "prompt": "x", "stream": True}
+    )
+    payloads = sse_payloads(await stub.content(response))
+    assert payloads[-1] == "[DONE]" and len(payloads) == 8 + 2
+    assert [p["choices"][0]["text"] for p in payloads[:8]][:2] == ["abc", "def"]
+    assert payloads[8]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_disconnect_stops_generation(hosts: Callable[..., SimulatedHost]) -> None:
+    sim = hosts(models=TWO_MODELS, chunk_interval=0.01)
+    await sim.listen()
+    body = chat(stream=True, max_tokens=1000)
+    client = await send_raw(sim, http_post("/v1/chat/completions", body))
+    await client.wait_for(b'"content":"c"')
+    assert sim.active_streams == 1 and sim.open_connections == 1
+    closed = sim.wait_connection_closed()
+    client.transport.abortConnection()
+    await closed
+    assert sim.active_streams == 0 and sim.open_connections == 0
+    sent = sim.chunks_sent
+    assert sent < 1000
+    await deferLater(client_reactor(), 0.05)
+    assert sim.chunks_sent == sent
+
+
+@pytest_twisted.ensureDeferred
+async def test_slow_reader_pauses_generation(hosts: Callable[..., SimulatedHost]) -> None:
+    size = 64 * 1024
+    sim = hosts(models=TWO_MODELS, chunk_size=size)
+    await sim.listen()
+    body = chat(stream=True, max_tokens=512)  # 32 MiB of content
+    client = await send_raw(sim, http_post("/v1/chat/completions", body), keep=False)
+    client.transport.pauseProducing()  # stop reading: the simulator must stop too
+    await deferLater(client_reactor(), 0.2)
+    assert 0 < sim.chunks_sent < 200 and sim.active_streams == 1
+    client.transport.resumeProducing()
+    await client.lost
+    assert client.data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert client.received > 512 * size and sim.chunks_sent == 512
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_refuse_then_listen_on_the_same_port(
+    hosts: Callable[..., SimulatedHost], http: HTTPClient
+) -> None:
+    sim = hosts(models=TWO_MODELS)
+    listening: Any = await sim.listen()
+    port = listening.getHost().port
+    url = sim.url
+    assert (await http.get(url + "/health")).code == 200
+    await sim.refuse()
+    with pytest.raises(error.ConnectionRefusedError):
+        await http.get(url + "/health")
+    listening = await sim.listen()
+    assert listening.getHost().port == port and sim.url == url
+    response = await http.get(url + "/health")
+    assert await response.json() == {"status": "ok"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_reset_aborts_a_stream_after_some_chunks(hosts: Callable[..., SimulatedHost]) -> None:
+    sim = hosts(models=TWO_MODELS)
+    await sim.listen()
+    sim.fault = "reset"
+    client = await send_raw(sim, http_post("/v1/chat/completions", chat(stream=True)))
+    reason = await client.lost
+    assert not isinstance(reason, error.ConnectionDone)
+    head, chunks = http_chunks(client.data)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert len(chunks) == 1 + sim.reset_after and b"[DONE]" not in client.data
+
+
+@pytest_twisted.ensureDeferred
+async def test_reset_and_close_answer_nothing_to_plain_requests(
+    hosts: Callable[..., SimulatedHost],
+) -> None:
+    sim = hosts(models=TWO_MODELS)
+    await sim.listen()
+    for fault, ending in (("reset", error.ConnectionLost), ("close", error.ConnectionDone)):
+        sim.fault = fault  # type: ignore[assignment]
+        client = await send_raw(sim, b"GET /health HTTP/1.1\r\nHost: sim\r\n\r\n")
+        reason = await client.lost
+        assert client.data == b"" and isinstance(reason, ending), (fault, reason)
+    assert sim.paths() == ["/health", "/health"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_hang_never_answers(hosts: Callable[..., SimulatedHost], http: HTTPClient) -> None:
+    sim = hosts(models=TWO_MODELS)
+    await sim.listen()
+    sim.fault = "hang"
+    received = sim.wait_request()
+    answer = http.post(sim.url + "/v1/chat/completions", json=chat())
+    answered = watch(answer)
+    assert (await received).path == "/v1/chat/completions"
+    await deferLater(client_reactor(), 0.1)
+    assert not answered and sim.open_connections == 1
+    closed = sim.wait_connection_closed()
+    answer.cancel()
+    with pytest.raises(ResponseNeverReceived) as raised:
+        await answer
+    assert raised.value.reasons[0].check(CancelledError)
+    await closed
+    assert sim.open_connections == 0
+
+
+def test_model_spec_parsing() -> None:
+    assert _parse_models("tiny-a=loaded, tiny-b") == TWO_MODELS
