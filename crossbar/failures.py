@@ -15,7 +15,7 @@ from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 def is_cancellation(reason: BaseException | Failure) -> bool:
     """Whether a failure is only our own cancellation (Agent wraps it in ResponseNeverReceived)."""
     exc = reason.value if isinstance(reason, Failure) else reason
-    if isinstance(exc, defer.CancelledError):
+    if isinstance(exc, defer.CancelledError | error.ConnectingCancelledError):
         return True
     if isinstance(exc, ResponseNeverReceived | ResponseFailed):
         return any(is_cancellation(r) for r in exc.reasons)

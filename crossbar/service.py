@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.resource import Resource
 
 from crossbar.config import Config
@@ -72,8 +72,18 @@ class _ClosePools(Service):
         return DeferredList([pool.closeCachedConnections() for pool in self._pools])
 
 
+class _QuietClientFactory(_HTTP11ClientFactory):
+    noisy = False
+
+
+class _QuietPool(HTTPConnectionPool):
+    """A pool that does not log two lines for every upstream connection."""
+
+    _factory = _QuietClientFactory
+
+
 def make_pool(reactor: Any, per_host: int) -> HTTPConnectionPool:
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = _QuietPool(reactor, persistent=True)
     pool.maxPersistentPerHost = per_host
     pool.cachedConnectionTimeout = IDLE_POOL_TIMEOUT  # type: ignore[assignment]
     return pool

@@ -199,7 +199,7 @@ async def test_forwarding_keeps_path_query_body_and_sets_forwarded_headers(rig: 
 
 @pytest_twisted.ensureDeferred
 async def test_model_loaded_only_on_second_host_goes_there(rig: Rig) -> None:
-    response, answer = await call(rig, "POST", "/lab/v1/chat/completions", json={"model": "m2"})
+    response, _answer = await call(rig, "POST", "/lab/v1/chat/completions", json={"model": "m2"})
     assert header(response, "x-crossbar-host") == "gpu-b"
     assert rig.upstreams["gpu-a"].seen == []
     response, _ = await call(rig, "POST", "/lab/v1/chat/completions", json={"model": "m1"})
@@ -272,7 +272,7 @@ async def test_exactly_16_mib_passes_and_one_byte_more_is_413(rig: Rig) -> None:
 
 
 def raw_exchange(port: int, request: bytes, read_until: bytes = b"}") -> bytes:
-    """Send raw bytes, read what comes back until the marker or the close (blocking, on loopback)."""
+    """Send raw bytes; read the answer until the marker or the close (blocking, loopback)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(request)
         answer = b""

@@ -1,0 +1,38 @@
+"""A simulated fleet for trying crossbar without any GPU: ``twistd -n crossbar --demo``.
+
+Three simulated llama-server routers listen on loopback ports chosen by the system,
+with different models resident, so routing by model can be seen with curl.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crossbar.config import Config, HostConfig, RouteConfig
+from crossbar.simulator import SimulatedHost
+
+FLEET = {
+    "gpu-a": {"qwen3-coder-30b": "loaded", "gpt-oss-20b": "unloaded"},
+    "gpu-b": {"gpt-oss-20b": "loaded", "qwen3-coder-30b": "unloaded"},
+    "gpu-c": {"hermes-4-14b": "loaded", "gpt-oss-20b": "unloaded"},
+}
+
+
+def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]:
+    """Start the simulated hosts and return a config that routes to them."""
+    sims: dict[str, SimulatedHost] = {}
+    for name, models in FLEET.items():
+        sim = SimulatedHost(models, chunks=24, chunk_interval=0.05, load_time=2.0, reactor=reactor)
+        sim.listen(0, "127.0.0.1")
+        sims[name] = sim
+    config = Config(
+        listen=listen,
+        poll_interval=2.0,
+        hosts={name: HostConfig(name, sim.url) for name, sim in sims.items()},
+        routes={
+            "opencode": RouteConfig("opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b"),
+            "hermes": RouteConfig("hermes", ("gpu-c", "gpu-b"), "hermes-4-14b"),
+        },
+        source="(demo)",
+    )
+    return config, list(sims.values())

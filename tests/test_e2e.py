@@ -1,0 +1,141 @@
+"""End to end: the official openai client, through crossbar, to simulated llama-server routers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import openai
+import pytest_twisted
+from twisted.internet.threads import deferToThread
+
+from crossbar.config import Config, HostConfig, RouteConfig
+from crossbar.service import Crossbar
+from crossbar.simulator import SimulatedHost
+from tests.test_proxy import wait_healthy
+
+
+@attrs.define
+class Fleet:
+    crossbar: Crossbar
+    sims: dict[str, SimulatedHost]
+
+    def base_url(self, route: str) -> str:
+        port = self.crossbar.listener.port
+        assert port is not None
+        return f"http://127.0.0.1:{port.getHost().port}/{route}/v1"
+
+
+@pytest_twisted.async_yield_fixture
+async def fleet(reactor: Any) -> AsyncIterator[Fleet]:
+    sims = {
+        "gpu-a": SimulatedHost({"tiny-a": "loaded", "tiny-b": "unloaded"}, chunks=6),
+        "gpu-b": SimulatedHost({"tiny-b": "loaded", "tiny-a": "unloaded"}, chunks=6),
+    }
+    for sim in sims.values():
+        await sim.listen(0, "127.0.0.1")
+    config = Config(
+        listen="tcp:0:interface=127.0.0.1",
+        poll_interval=60.0,
+        hosts={name: HostConfig(name, sim.url) for name, sim in sims.items()},
+        routes={"lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "tiny-a")},
+    )
+    crossbar = Crossbar(config, reactor)
+    crossbar.startService()
+    await wait_healthy(crossbar.table, "gpu-a", "gpu-b")
+    yield Fleet(crossbar, sims)
+    await crossbar.stopService()
+    for sim in sims.values():
+        await sim.stop()
+
+
+def client(fleet: Fleet) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet.base_url("lab"), api_key="sk-unused", max_retries=0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_client_non_streaming(fleet: Fleet) -> None:
+    def ask() -> Any:
+        with client(fleet) as c:
+            return c.chat.completions.with_raw_response.create(
+                model="tiny-b", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+
+    raw = await deferToThread(ask)
+    assert raw.headers["x-crossbar-host"] == "gpu-b"
+    completion = raw.parse()
+    assert completion.model == "tiny-b"
+    assert completion.choices[0].message.content == "abcd"
+    sent = fleet.sims["gpu-b"].requests[-1]
+    assert sent.json()["model"] == "tiny-b"
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_client_streaming(fleet: Fleet) -> None:
+    def ask() -> list[str]:
+        with client(fleet) as c:
+            stream = c.chat.completions.create(
+                model="tiny-a",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=5,
+                stream=True,
+            )
+            return [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+
+    pieces = await deferToThread(ask)
+    assert "".join(pieces) == "abcde"
+    assert len([p for p in pieces if p]) == 5
+    assert fleet.sims["gpu-b"].requests == [
+        r for r in fleet.sims["gpu-b"].requests if r.path in ("/health", "/v1/models")
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_models_list_and_default_model(fleet: Fleet) -> None:
+    def ask() -> tuple[list[str], str | None]:
+        with client(fleet) as c:
+            models = [m.id for m in c.models.list()]
+            # extra_body can't remove "model", so post raw JSON with no model at all
+            answer = c.post(
+                "/chat/completions",
+                body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                cast_to=dict,
+            )
+            return models, answer.get("model")
+
+    models, model = await deferToThread(ask)
+    assert models == ["tiny-a", "tiny-b"]  # gpu-a answers: first healthy host
+    assert model == "tiny-a"  # the route's default model was filled in
+
+
+@pytest_twisted.ensureDeferred
+async def test_failure_then_recovery_story(fleet: Fleet) -> None:
+    """Down after a failed request, still down after one good poll, up after two."""
+    sim = fleet.sims["gpu-a"]
+    table = fleet.crossbar.table
+    await sim.refuse()
+
+    def ask() -> str:
+        with client(fleet) as c:
+            try:
+                c.chat.completions.create(model="tiny-a", messages=[], max_tokens=1)
+            except openai.APIStatusError as e:
+                return f"{e.status_code} {e.response.json()}"
+            return "answered"
+
+    assert await deferToThread(ask) == "502 {'error': 'upstream failed', 'host': 'gpu-a'}"
+    assert table.get("gpu-a").healthy is False  # type: ignore[union-attr]
+
+    # while gpu-a is down, tiny-a goes to gpu-b, which knows it and loads it there
+    raw = await deferToThread(ask)
+    assert raw == "answered"
+    assert fleet.sims["gpu-b"].status("tiny-a") == "loaded"
+
+    await sim.listen()
+    await fleet.crossbar.poller.poll_now("gpu-a")
+    state = table.get("gpu-a")
+    assert state is not None and (state.healthy, state.consecutive) == (False, 1)
+    await fleet.crossbar.poller.poll_now("gpu-a")
+    state = table.get("gpu-a")
+    assert state is not None and (state.healthy, state.consecutive) == (True, 2)

@@ -1,0 +1,123 @@
+"""The daemon as users run it: ``twistd -n crossbar``, started and stopped for real."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, dict[str, object], dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[str], limit: float = 30.0) -> None:
+    """Poll until the daemon accepts connections (a bounded wait on a separate process)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"twistd exited early: {proc.communicate()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("crossbar did not start listening")
+
+
+def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [TWISTD, "-n", "--pidfile=", "crossbar", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path, port: int) -> None:
+    dead = free_port()
+    (tmp_path / "crossbar.yaml").write_text(
+        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
+        "poll_interval: 1h\n"
+        f"hosts:\n  gpu-a: http://127.0.0.1:{dead}\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n    default_model: m\n"
+    )
+    proc = start(["-c", "crossbar.yaml"], tmp_path)
+    try:
+        wait_for_port(port, proc)
+        status, body, _ = get(f"http://127.0.0.1:{port}/lab/v1/models")
+        assert (status, body) == (503, {"error": "no healthy host"})
+        status, body, _ = get(f"http://127.0.0.1:{port}/nope/v1/models")
+        assert (status, body) == (404, {"error": "unknown route"})
+    finally:
+        code, out = stop(proc)
+    assert code == 0, out
+    assert "Cancelled" not in out  # a poll cut short by the stop records nothing
+    assert "lab - GET /v1/models 503" in out
+    assert "Traceback" not in out
+
+
+def test_demo_fleet_routes_by_model(tmp_path: Path, port: int) -> None:
+    proc = start(["--demo", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path)
+    try:
+        wait_for_port(port, proc)
+        deadline = time.monotonic() + 20
+        while True:  # the first polls of the simulated hosts are under way
+            status, _, _headers = get(f"http://127.0.0.1:{port}/opencode/v1/models")
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert status == 200
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/opencode/v1/chat/completions",
+            data=b'{"model": "gpt-oss-20b", "messages": [], "max_tokens": 2}',
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.headers["X-Crossbar-Host"] == "gpu-b"
+            assert json.loads(r.read())["model"] == "gpt-oss-20b"
+    finally:
+        code, out = stop(proc)
+    assert code == 0, out
+
+
+def test_port_in_use_stops_startup(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        proc = start(["--demo", "--listen", f"tcp:{taken}:interface=127.0.0.1"], tmp_path)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "Address already in use" in out or "address already in use" in out.lower()
