@@ -38,10 +38,42 @@ def _trim_slash(url: str) -> str:
 
 
 @attrs.frozen
+class HostSettings:
+    """Per-host timeouts and health rules. Top-level keys of crossbar.yaml set them for
+    every host; a host written in mapping form (``{url: ..., max_fails: 3}``) may override."""
+
+    poll_interval: float = 5.0
+    poll_timeout: float = 5.0
+    health_path: str = "/health"
+    connect_timeout: float = 5.0
+    header_timeout: float = 900.0
+    """Time to the upstream's status line: a router loading a model holds the request."""
+    idle_timeout: float = 300.0
+    """Longest gap between two chunks of an answer's body."""
+    unhealthy_status: frozenset[int] = frozenset()
+    """Status codes of real answers that count as failures of the host."""
+    unhealthy_latency: float | None = None
+    """Time to status line above which a real request counts as a failure."""
+    max_fails: int = 1
+    """Consecutive failed real requests before the host is marked down."""
+    recovery_polls: int = 2
+    """Good polls in a row before a host that failed is trusted again."""
+
+
+SETTING_KEYS = frozenset(attrs.fields_dict(HostSettings))
+
+
+@attrs.frozen
 class HostConfig:
     name: str
     url: str = attrs.field(converter=_trim_slash)
     """Base URL without a trailing slash; a path prefix is kept."""
+    settings: HostSettings | None = None
+    """This host's own settings; ``None`` takes the config's defaults."""
+
+
+POLICIES = ("priority", "round_robin", "least_busy")
+WHEN_ALL_DOWN = ("fail", "try_all")
 
 
 @attrs.frozen
@@ -49,17 +81,22 @@ class RouteConfig:
     name: str
     hosts: tuple[str, ...]
     default_model: str | None
+    policy: str = "priority"
+    when_all_down: str = "fail"
 
 
 @attrs.frozen
 class Config:
     listen: str
     """A Twisted server endpoint description."""
-    poll_interval: float
     hosts: Mapping[str, HostConfig]
     routes: Mapping[str, RouteConfig]
-    poll_timeout: float = 5.0
+    defaults: HostSettings = HostSettings()
     source: str = "crossbar.yaml"
+
+    def settings(self, host: str) -> HostSettings:
+        own = self.hosts[host].settings
+        return own if own is not None else self.defaults
 
 
 def parse_duration(value: object) -> float:
@@ -98,6 +135,48 @@ def parse_url(value: object) -> str:
     if port == 0:
         raise ValueError(f"port must be 1-65535: {value!r}")
     return value.rstrip("/")
+
+
+def parse_health_path(value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "?" in value or "#" in value:
+        raise ValueError(f"must be a path starting with / and without a query: {value!r}")
+    if value.rstrip("/") in ("/slots", "/metrics", "/props"):
+        raise ValueError(f"{value!r} makes a router load a model; use /health")
+    return value
+
+
+def parse_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be a whole number of at least 1, not {value!r}")
+    return value
+
+
+def parse_statuses(value: object) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599 for v in value
+    ):
+        raise ValueError(f"must be a list of HTTP status codes (100-599), not {value!r}")
+    return frozenset(value)
+
+
+def parse_optional_duration(value: object) -> float | None:
+    return None if value is None else parse_duration(value)
+
+
+_SETTING_PARSERS: dict[str, Any] = {
+    "poll_interval": parse_duration,
+    "poll_timeout": parse_duration,
+    "health_path": parse_health_path,
+    "connect_timeout": parse_duration,
+    "header_timeout": parse_duration,
+    "idle_timeout": parse_duration,
+    "unhealthy_status": parse_statuses,
+    "unhealthy_latency": parse_optional_duration,
+    "max_fails": parse_count,
+    "recovery_polls": parse_count,
+}
 
 
 def parse_listen(value: object) -> str:
@@ -170,19 +249,28 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
     r = _Reader(source)
     if data is None:
         raise r.fail("", "is empty")
-    top = r.mapping(data, "", {"listen", "poll_interval", "poll_timeout", "hosts", "routes"})
+    top = r.mapping(data, "", {"listen", "hosts", "routes"} | SETTING_KEYS)
     for required in ("hosts", "routes"):
         if required not in top:
             raise r.fail(required, "is missing")
+    defaults = _settings(r, top, "", HostSettings())
 
     hosts: dict[str, HostConfig] = {}
     host_map = r.mapping(top["hosts"], "hosts", None)
     if not host_map:
         raise r.fail("hosts", "must name at least one host")
-    for name, url in host_map.items():
+    for name, spec in host_map.items():
         key = f"hosts.{name}"
         r.name(name, key)
-        hosts[name] = HostConfig(name=name, url=r.convert(key, parse_url, url))
+        if isinstance(spec, dict):
+            entry = r.mapping(spec, key, {"url"} | SETTING_KEYS)
+            if "url" not in entry:
+                raise r.fail(f"{key}.url", "is missing")
+            url = r.convert(f"{key}.url", parse_url, entry["url"])
+            own = _settings(r, entry, key, defaults)
+            hosts[name] = HostConfig(name, url, own if own != defaults else None)
+        else:
+            hosts[name] = HostConfig(name=name, url=r.convert(key, parse_url, spec))
 
     routes: dict[str, RouteConfig] = {}
     route_map = r.mapping(top["routes"], "routes", None)
@@ -193,7 +281,7 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         r.name(name, key)
         if name in _RESERVED_ROUTES:
             raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
-        body = r.mapping(spec, key, {"hosts", "default_model"})
+        body = r.mapping(spec, key, {"hosts", "default_model", "policy", "when_all_down"})
         members = body.get("hosts")
         if not isinstance(members, list) or not members:
             raise r.fail(f"{key}.hosts", "must be a non-empty list of host names")
@@ -205,16 +293,33 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         model = body.get("default_model")
         if model is not None and (not isinstance(model, str) or not model.strip()):
             raise r.fail(f"{key}.default_model", "must be a non-empty model name")
-        routes[name] = RouteConfig(name=name, hosts=tuple(members), default_model=model)
+        policy = body.get("policy", "priority")
+        if policy not in POLICIES:
+            raise r.fail(f"{key}.policy", f"must be one of {', '.join(POLICIES)}, not {policy!r}")
+        all_down = body.get("when_all_down", "fail")
+        if all_down not in WHEN_ALL_DOWN:
+            raise r.fail(
+                f"{key}.when_all_down",
+                f"must be one of {', '.join(WHEN_ALL_DOWN)}, not {all_down!r}",
+            )
+        routes[name] = RouteConfig(name, tuple(members), model, policy, all_down)
 
     return Config(
         listen=r.convert("listen", parse_listen, top.get("listen", 7777)),
-        poll_interval=r.convert("poll_interval", parse_duration, top.get("poll_interval", "5s")),
-        poll_timeout=r.convert("poll_timeout", parse_duration, top.get("poll_timeout", "5s")),
         hosts=hosts,
         routes=routes,
+        defaults=defaults,
         source=source,
     )
+
+
+def _settings(r: _Reader, section: dict[str, Any], key: str, base: HostSettings) -> HostSettings:
+    changes = {
+        name: r.convert(_join(key, name), _SETTING_PARSERS[name], section[name])
+        for name in SETTING_KEYS
+        if name in section
+    }
+    return attrs.evolve(base, **changes)
 
 
 def load_config(path: str | Path) -> Config:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crossbar.config import Config, HostConfig, RouteConfig
+from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
 from crossbar.simulator import SimulatedHost
 
 FLEET = {
@@ -27,7 +27,7 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
         sims[name] = sim
     config = Config(
         listen=listen,
-        poll_interval=2.0,
+        defaults=HostSettings(poll_interval=2.0),
         hosts={name: HostConfig(name, sim.url) for name, sim in sims.items()},
         routes={
             "opencode": RouteConfig("opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b"),

@@ -26,10 +26,10 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
+from crossbar.config import HostSettings
 from crossbar.failures import describe, is_cancellation, stop_producing
 
 MAX_POLL_BODY = 1024 * 1024
-RECOVERY_POLLS = 2
 
 log = Logger()
 
@@ -51,6 +51,8 @@ class HostState:
     """A poll of this host has ended (either way); until then its state is unknown."""
     polls: int = 0
     poll_failures: int = 0
+    fails: int = 0
+    """Real requests that failed in a row (passive health), reset by one that did not."""
 
     @property
     def state(self) -> str:
@@ -74,9 +76,16 @@ class HostState:
 class HealthTable:
     """Per-host state, changed only through :meth:`record_ok` and :meth:`record_failure`."""
 
-    def __init__(self, hosts: Mapping[str, str], clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        hosts: Mapping[str, str],
+        clock: IReactorTime,
+        settings: Mapping[str, HostSettings] | None = None,
+    ) -> None:
         self._clock = clock
         self._states = {name: HostState(name=name, url=url) for name, url in hosts.items()}
+        default = HostSettings()
+        self._settings = {name: (settings or {}).get(name, default) for name in hosts}
         self._listeners: list[Callable[[HostState, HostState], None]] = []
 
     @property
@@ -99,10 +108,12 @@ class HealthTable:
         if old is None:
             return
         consecutive = old.consecutive + 1
+        healthy = not old.has_failed or consecutive >= self._settings[name].recovery_polls
         self._set(
             attrs.evolve(
                 old,
-                healthy=not old.has_failed or consecutive >= RECOVERY_POLLS,
+                healthy=healthy,
+                fails=0 if healthy and not old.healthy else old.fails,
                 loaded=tuple(sorted(set(loaded))),
                 known=tuple(sorted(set(known))),
                 consecutive=consecutive,
@@ -131,8 +142,26 @@ class HealthTable:
         )
 
     def mark_down(self, name: str, reason: str) -> None:
-        """The proxy saw a real request to this host fail."""
+        """Take a host out of service at once, whatever its ``max_fails``."""
         self.record_failure(name, f"marked down: {reason}", poll=False)
+
+    def request_failed(self, name: str, reason: str) -> None:
+        """A real request to this host failed; ``max_fails`` in a row mark it down."""
+        old = self._states.get(name)
+        if old is None:
+            return
+        fails = old.fails + 1
+        if fails >= self._settings[name].max_fails:
+            self.mark_down(name, reason)
+            self._states[name] = attrs.evolve(self._states[name], fails=fails)
+        else:
+            self._states[name] = attrs.evolve(old, fails=fails)
+
+    def request_ok(self, name: str) -> None:
+        """A real request to this host went well: its run of failures is over."""
+        old = self._states.get(name)
+        if old is not None and old.fails:
+            self._states[name] = attrs.evolve(old, fails=0)
 
     def _set(self, new: HostState) -> None:
         old = self._states[new.name]
@@ -246,51 +275,54 @@ class PollError(Exception):
 
 
 class Poller(Service):
-    """Polls every host of a table at start and then every ``interval`` seconds.
+    """Polls every host of a table at start and then every ``poll_interval`` of that host.
 
-    Hosts are polled concurrently and independently: a slow host delays no other,
-    and a host whose previous poll is still running is skipped on that tick
-    rather than polled twice.
+    Each host has its own ``LoopingCall``, so hosts are polled concurrently and
+    independently: a slow host delays no other, and a host whose previous poll is
+    still running is skipped on that tick rather than polled twice.
     """
 
     def __init__(
         self,
         table: HealthTable,
         client: _HTTPGetter,
-        interval: float,
-        timeout: float,
         clock: IReactorTime,
+        settings: Mapping[str, HostSettings] | None = None,
     ) -> None:
         self.table = table
         self._client = client
-        self._interval = interval
-        self._timeout = timeout
         self._clock = clock
+        default = HostSettings()
+        self._settings = {name: (settings or {}).get(name, default) for name in table.names}
         self._running: dict[str, Deferred[None]] = {}
-        self._loop = LoopingCall(self.tick)
-        self._loop.clock = clock
+        self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
 
     def startService(self) -> None:
         super().startService()
         self._stopping = False
-        self._loop.start(self._interval, now=True)
+        for name in self.table.names:
+            loop = LoopingCall(self.tick, name)
+            loop.clock = self._clock
+            self._loops[name] = loop
+            loop.start(self._settings[name].poll_interval, now=True)
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
         self._stopping = True
-        if self._loop.running:
-            self._loop.stop()
+        for loop in self._loops.values():
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
         running = list(self._running.values())
         for d in running:
             d.cancel()
         return DeferredList(running, consumeErrors=True)
 
-    def tick(self) -> None:
-        """Start a poll of every host that has none running."""
-        for name in self.table.names:
-            if name not in self._running:
-                self.poll_now(name)
+    def tick(self, name: str) -> None:
+        """Start a poll of one host unless one is running."""
+        if name not in self._running:
+            self.poll_now(name)
 
     def poll_now(self, name: str) -> Deferred[None]:
         d = Deferred.fromCoroutine(self.poll(name))
@@ -308,9 +340,10 @@ class Poller(Service):
         state = self.table.get(name)
         if state is None:
             return
+        settings = self._settings[name]
         try:
-            await self._get(state.url + "/health", "health")
-            body = await self._get(state.url + "/v1/models", "models")
+            await self._get(state.url + settings.health_path, "health", settings.poll_timeout)
+            body = await self._get(state.url + "/v1/models", "models", settings.poll_timeout)
             try:
                 loaded, known = parse_models(body)
             except ValueError as e:
@@ -326,13 +359,13 @@ class Poller(Service):
         else:
             self.table.record_ok(name, loaded, known)
 
-    async def _get(self, url: str, what: str) -> bytes:
+    async def _get(self, url: str, what: str, timeout: float) -> bytes:
         d = Deferred.fromCoroutine(self._fetch(url, what))
-        d.addTimeout(self._timeout, self._clock)
+        d.addTimeout(timeout, self._clock)
         try:
             return await d
         except DeferredTimeout:
-            raise PollError(f"{what}: timed out after {self._timeout:g}s") from None
+            raise PollError(f"{what}: timed out after {timeout:g}s") from None
 
     async def _fetch(self, url: str, what: str) -> bytes:
         try:

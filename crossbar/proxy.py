@@ -14,21 +14,29 @@ import json
 from io import BytesIO
 from typing import Any, Protocol
 
-from twisted.internet import protocol
-from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IConsumer, IReactorTime, ITCPTransport
+from twisted.internet import error, protocol
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.interfaces import (
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    ITCPTransport,
+)
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
-from twisted.web.client import Agent, ResponseDone
+from twisted.web._newclient import RequestTransmissionFailed
+from twisted.web.client import Agent, ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from twisted.web.resource import IResource, Resource
 from zope.interface import implementer
 
-from crossbar.config import Config
-from crossbar.failures import describe, stop_producing
+from crossbar.config import Config, RouteConfig
+from crossbar.failures import describe, is_cancellation, stop_producing
 from crossbar.health import HealthTable
 from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
 
@@ -194,6 +202,8 @@ class ProxyResource(Resource):
         self.clock = clock
         self.observer: ProxyObserver = _NoObserver()
         self.in_flight: dict[str, int] = dict.fromkeys(config.hosts, 0)
+        self.turns: dict[str, int] = dict.fromkeys(config.routes, 0)
+        self.settings = {name: config.settings(name) for name in config.hosts}
 
     def render(self, request: server.Request) -> int:
         if getattr(request, "rejected", False):
@@ -202,49 +212,105 @@ class ProxyResource(Resource):
         return server.NOT_DONE_YET
 
 
-class _StreamBody(protocol.Protocol):
-    """Carries the upstream body to the client as it arrives; no buffering."""
+_RETRYABLE = (
+    error.ConnectError,
+    error.DNSLookupError,
+    ResponseNeverReceived,
+    RequestTransmissionFailed,
+)
+"""Failures that happen before any answer: the request can be tried on another host."""
 
-    def __init__(self, exchange: Exchange) -> None:
+
+@implementer(IPushProducer)
+class _StreamBody(protocol.Protocol):
+    """Carries the upstream body to the client as it arrives; no buffering.
+
+    It is also the producer registered with the client's request, so that a slow
+    client pauses the upstream socket, and a pause does not count as the upstream
+    being idle.
+    """
+
+    def __init__(self, exchange: Exchange, idle_timeout: float) -> None:
         self.exchange = exchange
+        self._idle_timeout = idle_timeout
+        self._timer: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        self._arm()
 
     def dataReceived(self, data: bytes) -> None:
+        if self._timer is not None:
+            self._timer.reset(self._idle_timeout)
         self.exchange.sent += len(data)
         self.exchange.request.write(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
+        self._disarm()
         self.exchange.upstream_ended(reason)
+
+    def pauseProducing(self) -> None:
+        self._disarm()
+        IPushProducer(self.transport).pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._arm()
+        IPushProducer(self.transport).resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._disarm()
+        stop_producing(self.transport)
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            self._timer = self.exchange.proxy.clock.callLater(
+                self._idle_timeout, self.exchange.upstream_idle
+            )
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
 
 
 class Exchange:
-    """One client request and its one upstream request."""
+    """One client request, and its upstream request (tried on more hosts if need be)."""
 
     def __init__(self, proxy: ProxyResource, request: server.Request) -> None:
         self.proxy = proxy
         self.request = request
         self.started = proxy.clock.seconds()
-        self.route = "-"
+        self.route: RouteConfig | None = None
         self.host: str | None = None
+        self.tried: list[str] = []
         self.path = b"-"
+        self.model: str | None = None
         self.client_gone = False
         self.finished = False
         self.sent = 0
         self.first_byte: float | None = None
+        self._url_rest = b""
+        self._headers = Headers()
+        self._forward_body = b""
+        self._attempt_started = 0.0
+        self._counted: str | None = None
         self._pending: Deferred[IResponse] | None = None
         self._body: _StreamBody | None = None
+        self._timed_out = False
 
     def start(self) -> None:
-        request = self.request
-        request.notifyFinish().addBoth(self._ended)
+        self.request.notifyFinish().addBoth(self._ended)
         try:
-            self._forward()
+            self._prepare()
+            self._try_next()
         except BadTarget as e:
             self.fail(e.status, str(e))
         except Exception:
             log.failure("crossbar: unexpected error handling a request")
             self.fail(500, "internal error")
 
-    def _forward(self) -> None:
+    def _prepare(self) -> None:
+        """Rules that need no upstream: route, path, body limit, model."""
         request = self.request
         assert request.uri is not None and request.method is not None
         target = parse_target(request.uri)
@@ -252,35 +318,85 @@ class Exchange:
         route = self.proxy.config.routes.get(target.route)
         if route is None:
             raise BadTarget(404, "unknown route")
-        self.route = route.name
+        self.route = route
         if not allowed_path(target.rest):
             raise BadTarget(404, "not found")
 
         body = request.content.getvalue() if request.content is not None else b""
-        model = route.default_model
+        self.model = route.default_model
         if body and request.method not in (b"GET", b"HEAD"):
             peek = peek_model(body)
             if peek.model is not None:
-                model = peek.model
+                self.model = peek.model
             elif peek.missing and route.default_model is not None:
                 body = with_model(body, route.default_model)
+        self._forward_body = body
+        self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
+        self._headers = self._upstream_headers()
 
-        host = choose(route.hosts, model, self.proxy.table.snapshot())
+    def _next_host(self) -> str | None:
+        route = self.route
+        assert route is not None
+        proxy = self.proxy
+        host = choose(
+            route.hosts,
+            self.model,
+            proxy.table.snapshot(),
+            policy=route.policy,
+            in_flight=proxy.in_flight,
+            turn=proxy.turns[route.name],
+            exclude=self.tried,
+        )
+        if host is None and route.when_all_down == "try_all":
+            host = next((h for h in route.hosts if h not in self.tried), None)
+        if host is not None and not self.tried and route.policy == "round_robin":
+            proxy.turns[route.name] += 1
+        return host
+
+    def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
+        host = self._next_host()
         if host is None:
-            raise BadTarget(503, "no healthy host")
+            if last_error is None:
+                raise BadTarget(503, "no healthy host")
+            assert self.host is not None
+            if timed_out:
+                self.fail(504, "upstream timeout", host=self.host)
+            else:
+                self.fail(502, "upstream failed", host=self.host)
+            return
+        if last_error is not None:
+            log.warn(
+                "route {route}: {failed} failed before answering ({why}); trying {host}",
+                route=self.route.name if self.route else "-",
+                failed=self.host,
+                why=last_error,
+                host=host,
+            )
         self.host = host
-        self.proxy.in_flight[host] += 1
-
-        url = self.proxy.config.hosts[host].url.encode() + target.rest
-        if target.query:
-            url += b"?" + target.query
+        self.tried.append(host)
+        self._count(host)
+        proxy = self.proxy
+        request = self.request
+        assert request.method is not None
         producer = None
-        if body or request.method not in _BODYLESS:
-            producer = BytesProducer(body)
-        d = self.proxy.agent.request(request.method, url, self._upstream_headers(), producer)
+        if self._forward_body or request.method not in _BODYLESS:
+            producer = BytesProducer(self._forward_body)
+        url = proxy.config.hosts[host].url.encode() + self._url_rest
+        self._attempt_started = proxy.clock.seconds()
+        d = proxy.agent.request(request.method, url, self._headers, producer)
         self._pending = d
+        d.addTimeout(proxy.settings[host].header_timeout, proxy.clock)
         d.addCallbacks(self._got_response, self._upstream_failed)
         d.addErrback(self._crashed)
+
+    def _count(self, host: str | None) -> None:
+        """Keep ``in_flight`` right as the request moves from host to host."""
+        in_flight = self.proxy.in_flight
+        if self._counted is not None:
+            in_flight[self._counted] -= 1
+        if host is not None:
+            in_flight[host] += 1
+        self._counted = host
 
     def _upstream_headers(self) -> Headers:
         incoming = self.request.requestHeaders
@@ -305,7 +421,12 @@ class Exchange:
 
     def _got_response(self, response: IResponse) -> None:
         self._pending = None
-        self.first_byte = self.proxy.clock.seconds() - self.started
+        proxy = self.proxy
+        host = self.host
+        assert host is not None
+        now = proxy.clock.seconds()
+        self.first_byte = now - self.started
+        self._judge(host, response.code, now - self._attempt_started)
         request = self.request
         if self.client_gone:
             response.deliverBody(_Discard())
@@ -318,31 +439,70 @@ class Exchange:
                 out.setRawHeaders(name, values)
         if isinstance(response.length, int):
             out.setRawHeaders(b"content-length", [b"%d" % response.length])
-        assert self.host is not None
-        out.setRawHeaders(b"x-crossbar-host", [self.host.encode()])
-        body = _StreamBody(self)
+        out.setRawHeaders(b"x-crossbar-host", [host.encode()])
+        body = _StreamBody(self, proxy.settings[host].idle_timeout)
         self._body = body
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
         # complete); registering a producer then would raise.
-        if not self.finished and not self.client_gone and body.transport is not None:
-            request.registerProducer(body.transport, True)
+        if not self.finished and not self.client_gone:
+            request.registerProducer(body, True)
+
+    def _judge(self, host: str, code: int, latency: float) -> None:
+        """Passive health: a real answer can count as a failure of its host."""
+        settings = self.proxy.settings[host]
+        table = self.proxy.table
+        if code in settings.unhealthy_status:
+            table.request_failed(host, f"HTTP {code}")
+        elif settings.unhealthy_latency is not None and latency > settings.unhealthy_latency:
+            table.request_failed(host, f"answered after {latency:.1f}s")
+        else:
+            table.request_ok(host)
 
     def _upstream_failed(self, reason: Failure) -> None:
         self._pending = None
-        if self.client_gone or reason.check(CancelledError):
+        if self.client_gone or is_cancellation(reason):
             return
-        assert self.host is not None
-        self.proxy.table.mark_down(self.host, describe(reason))
-        log.warn("host {host} failed before answering: {why}", host=self.host, why=describe(reason))
-        self.fail(502, "upstream failed", host=self.host)
+        host = self.host
+        assert host is not None
+        why = describe(reason)
+        table = self.proxy.table
+        if reason.check(DeferredTimeout):
+            # The host may still be working on it: never try elsewhere.
+            timeout = self.proxy.settings[host].header_timeout
+            table.request_failed(host, f"no answer within {timeout:g}s")
+            log.warn("host {host} sent no answer within {t:g}s", host=host, t=timeout)
+            self.fail(504, "upstream timeout", host=host)
+            return
+        table.request_failed(host, why)
+        if reason.check(*_RETRYABLE):
+            self._try_next(why, timed_out=bool(reason.check(error.TimeoutError)))
+            return
+        log.warn("host {host} failed before answering: {why}", host=host, why=why)
+        self.fail(502, "upstream failed", host=host)
+
+    def upstream_idle(self) -> None:
+        """No body chunk came for ``idle_timeout``: give up on this host."""
+        host = self.host
+        assert host is not None and self._body is not None
+        timeout = self.proxy.settings[host].idle_timeout
+        self._timed_out = True
+        self.proxy.table.request_failed(host, f"answer idle for {timeout:g}s")
+        log.warn("host {host} went quiet for {t:g}s mid-answer", host=host, t=timeout)
+        self._body.stopProducing()
+        if self.request.startedWriting:
+            self.finished = True
+            self._abort_client()
+        else:
+            self.request.unregisterProducer()
+            self.fail(504, "upstream timeout", host=host)
 
     def upstream_ended(self, reason: Failure) -> None:
-        """The upstream body ended: cleanly, broken, or because the client left."""
-        if self.client_gone:
+        """The upstream body ended: cleanly, broken, or because we stopped it."""
+        if self.client_gone or self._timed_out:
             return
         request = self.request
-        if self._body is not None and self._body.transport is not None:
+        if self._body is not None:
             request.unregisterProducer()
         if reason.check(ResponseDone, PotentialDataLoss):
             self.finished = True
@@ -350,7 +510,7 @@ class Exchange:
             return
         assert self.host is not None
         why = describe(reason)
-        self.proxy.table.mark_down(self.host, f"answer broken: {why}")
+        self.proxy.table.request_failed(self.host, f"answer broken: {why}")
         log.warn("host {host} broke an answer off: {why}", host=self.host, why=why)
         # An SSE client must see an error, not a stream that merely looks complete.
         self.finished = True
@@ -376,8 +536,9 @@ class Exchange:
         body = json_body({"error": message, **extra})
         request = self.request
         request.setResponseCode(status)
-        request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % len(body)])
+        request.responseHeaders = Headers(
+            {b"content-type": [b"application/json"], b"content-length": [b"%d" % len(body)]}
+        )
         if self.host is not None:
             request.responseHeaders.setRawHeaders(b"x-crossbar-host", [self.host.encode()])
         request.write(body)
@@ -393,19 +554,21 @@ class Exchange:
                 # Cancel even if the Deferred looks called: after the pool hands over a
                 # connection it waits on an inner Deferred, and cancel reaches that.
                 self._pending.cancel()
-            elif self._body is not None and self._body.transport is not None:
-                stop_producing(self._body.transport)
-        if self.host is not None:
-            self.proxy.in_flight[self.host] -= 1
+            elif self._body is not None:
+                self._body.stopProducing()
+        self._count(None)
+        if len(self.tried) > 1:
+            note += f" (tried {', '.join(self.tried)})"
         seconds = self.proxy.clock.seconds() - self.started
         answered = self.finished or self.request.startedWriting
         status = self.request.code if answered else 499
+        route = self.route.name if self.route is not None else "-"
         self.proxy.observer.request_done(
-            self.route, self.host, status, seconds, self.first_byte, self.sent
+            route, self.host, status, seconds, self.first_byte, self.sent
         )
         log.info(
             "{route} {host} {method} {path} {status} {ms:.0f}ms{note}",
-            route=self.route,
+            route=route,
             host=self.host or "-",
             method=(self.request.method or b"-").decode("latin-1"),
             path=self.path.decode("latin-1"),

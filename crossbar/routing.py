@@ -4,7 +4,7 @@ and which host should serve it. No I/O here, so every rule is cheap to test."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 import attrs
 
@@ -87,18 +87,38 @@ def with_model(body: bytes, model: str) -> bytes:
     return body[:brace] + field + (b"" if empty else b",") + rest
 
 
-def choose(hosts: Sequence[str], model: str | None, states: Mapping[str, HostState]) -> str | None:
-    """The host to send a request for ``model`` to, in the route's order of preference:
+def choose(
+    hosts: Sequence[str],
+    model: str | None,
+    states: Mapping[str, HostState],
+    *,
+    policy: str = "priority",
+    in_flight: Mapping[str, int] | None = None,
+    turn: int = 0,
+    exclude: Container[str] = (),
+) -> str | None:
+    """The host to send a request for ``model`` to; ``None`` when no host is healthy.
 
-    the first healthy host with the model loaded (no model swap on the GPU), else the
-    first healthy one that knows it, else the first healthy one; ``None`` when none is.
+    Healthy hosts are grouped: those with the model loaded (no model swap on the GPU),
+    else those that know it, else all healthy ones. The policy picks within the best
+    group: ``priority`` the first in the route's order, ``round_robin`` the ``turn``-th,
+    ``least_busy`` the one with fewest requests in flight (ties: route order).
     """
-    healthy = [states[name] for name in hosts if name in states and states[name].healthy]
+    healthy = [
+        states[name]
+        for name in hosts
+        if name not in exclude and name in states and states[name].healthy
+    ]
+    group = healthy
     if model is not None:
-        for state in healthy:
-            if model in state.loaded:
-                return state.name
-        for state in healthy:
-            if model in state.known:
-                return state.name
-    return healthy[0].name if healthy else None
+        group = [s for s in healthy if model in s.loaded] or [
+            s for s in healthy if model in s.known
+        ]
+        group = group or healthy
+    if not group:
+        return None
+    if policy == "round_robin":
+        return group[turn % len(group)].name
+    if policy == "least_busy" and in_flight is not None:
+        return min(group, key=lambda s: in_flight.get(s.name, 0)).name
+    return group[0].name

@@ -15,11 +15,12 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
-from twisted.web.resource import Resource
 
 from crossbar.config import Config
 from crossbar.health import HealthTable, Poller, log_transition
+from crossbar.metrics import Metrics
 from crossbar.proxy import ProxyResource, RootResource, Site
+from crossbar.status import StatusApp
 
 IDLE_POOL_TIMEOUT = 3.0
 """Seconds an idle upstream connection is kept: llama-server drops them after 5 s,
@@ -90,26 +91,27 @@ def make_pool(reactor: Any, per_host: int) -> HTTPConnectionPool:
 
 
 class Crossbar(MultiService):
-    """The running crossbar: poller, proxy and listener. Tests build it directly."""
+    """The running crossbar: poller, proxy, status pages and listener. Tests build it directly."""
 
-    def __init__(self, config: Config, reactor: Any, status: Resource | None = None) -> None:
+    def __init__(self, config: Config, reactor: Any) -> None:
         super().__init__()
         self.config = config
-        self.table = HealthTable({n: h.url for n, h in config.hosts.items()}, reactor)
+        settings = {name: config.settings(name) for name in config.hosts}
+        self.table = HealthTable({n: h.url for n, h in config.hosts.items()}, reactor, settings)
         self.table.on_change(log_transition)
 
         poll_pool = make_pool(reactor, per_host=1)
-        poll_client = HTTPClient(Agent(reactor, pool=poll_pool, connectTimeout=config.poll_timeout))
-        self.poller = Poller(
-            self.table, poll_client, config.poll_interval, config.poll_timeout, reactor
-        )
+        poll_client = HTTPClient(Agent(reactor, pool=poll_pool))
+        self.poller = Poller(self.table, poll_client, reactor, settings)
         proxy_pool = make_pool(reactor, per_host=64)
         agent = Agent(reactor, pool=proxy_pool, connectTimeout=5.0)
         self.proxy = ProxyResource(config, self.table, agent, reactor)
+        self.metrics = Metrics(self.table, self.proxy)
+        self.proxy.observer = self.metrics
+        self.status = StatusApp(config, self.table, self.proxy, self.metrics, reactor)
 
         root = RootResource(self.proxy)
-        if status is not None:
-            root.putChild(b"_crossbar", status)
+        root.putChild(b"_crossbar", self.status.resource())
         self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT)
 
         _ClosePools(poll_pool, proxy_pool).setServiceParent(self)

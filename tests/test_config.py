@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crossbar.config import ConfigError, load_config, parse_duration
+from crossbar.config import ConfigError, HostSettings, load_config, parse_duration
 
 MINIMAL = """\
 listen: 7777                # a port, or a Twisted server endpoint string
@@ -43,7 +43,8 @@ def error_of(tmp_path: Path, text: str) -> str:
 def test_minimal_form_is_accepted(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL))
     assert config.listen == "tcp:7777"
-    assert config.poll_interval == 5.0
+    assert config.defaults.poll_interval == 5.0
+    assert config.settings("gpu-a") == HostSettings()  # every default as documented
     assert config.hosts["gpu-a"].url == "http://10.0.0.11:8080"
     assert config.hosts["gpu-b"].url == "http://10.0.0.12:8080"  # trailing slash trimmed
     route = config.routes["opencode-a"]

@@ -13,6 +13,7 @@ from twisted.internet.task import Clock
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from crossbar.config import HostSettings
 from crossbar.health import HealthTable, HostState, Poller, parse_models
 
 ROUTER_MODELS = {
@@ -93,8 +94,9 @@ def make_rig(*names: str, interval: float = 5.0, timeout: float = 5.0) -> Rig:
     client = StubTreq(fleet)
     clock = Clock()
     clock.advance(1000)
-    table = HealthTable({n: f"http://{n}:8080" for n in names}, clock)
-    poller = Poller(table, client, interval=interval, timeout=timeout, clock=clock)
+    settings = {n: HostSettings(poll_interval=interval, poll_timeout=timeout) for n in names}
+    table = HealthTable({n: f"http://{n}:8080" for n in names}, clock, settings)
+    poller = Poller(table, client, clock, settings)
     return Rig(fleet, client, clock, table, poller)
 
 
