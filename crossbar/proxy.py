@@ -26,7 +26,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import server
+from twisted.web import http, server
 from twisted.web._newclient import RequestTransmissionFailed
 from twisted.web.client import Agent, ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
@@ -41,6 +41,8 @@ from crossbar.health import HealthTable
 from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
 
 MAX_BODY = 16 * 1024 * 1024
+HEADER_DEADLINE = 30.0
+"""Seconds a client has to send a request's headers."""
 LINGER = 5.0
 """Seconds a refused upload may keep sending before its connection is closed."""
 
@@ -146,11 +148,57 @@ class ProxyRequest(server.Request):
         super().connectionLost(reason)
 
 
+class Channel(http.HTTPChannel):
+    """An HTTP connection that gives each request a deadline for its headers.
+
+    The Site's idle timeout restarts on every byte, so a client that trickles its
+    headers (slowloris) could otherwise hold a connection open forever.
+    """
+
+    _deadline: IDelayedCall | None = None
+    _in_body = False
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._deadline is None and not self._in_body and not self._handlingRequest:
+            limit = getattr(getattr(self, "site", None), "header_deadline", HEADER_DEADLINE)
+            self._deadline = self.callLater(limit, self._too_slow)
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._stop_deadline()
+        self._in_body = True
+        super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        self._in_body = False
+        super().allContentReceived()
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self._stop_deadline()
+        super().connectionLost(reason)
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            if self._deadline.active():
+                self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        assert self.transport is not None
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )
+        self.transport.loseConnection()
+
+
 class Site(server.Site):
     """A Site whose requests are :class:`ProxyRequest` and that writes no access log
     of its own: the proxy logs one line per request when it really ends."""
 
     requestFactory = ProxyRequest
+    protocol = Channel  # type: ignore[assignment]  # plain HTTP/1.1, no HTTP/2 upgrade
+    header_deadline = HEADER_DEADLINE
 
     def log(self, request: Any) -> None:
         pass

@@ -14,17 +14,14 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.client import HTTPConnectionPool
 
 from crossbar.config import Config
+from crossbar.connect import make_agent, make_pool
 from crossbar.health import HealthTable, Poller, log_transition
 from crossbar.metrics import Metrics
 from crossbar.proxy import ProxyResource, RootResource, Site
 from crossbar.status import StatusApp
-
-IDLE_POOL_TIMEOUT = 3.0
-"""Seconds an idle upstream connection is kept: llama-server drops them after 5 s,
-and a POST sent on a connection the server is closing would fail."""
 
 CLIENT_IDLE_TIMEOUT = 75.0
 """Seconds an idle client connection is kept open."""
@@ -73,23 +70,6 @@ class _ClosePools(Service):
         return DeferredList([pool.closeCachedConnections() for pool in self._pools])
 
 
-class _QuietClientFactory(_HTTP11ClientFactory):
-    noisy = False
-
-
-class _QuietPool(HTTPConnectionPool):
-    """A pool that does not log two lines for every upstream connection."""
-
-    _factory = _QuietClientFactory
-
-
-def make_pool(reactor: Any, per_host: int) -> HTTPConnectionPool:
-    pool = _QuietPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = per_host
-    pool.cachedConnectionTimeout = IDLE_POOL_TIMEOUT  # type: ignore[assignment]
-    return pool
-
-
 class Crossbar(MultiService):
     """The running crossbar: poller, proxy, status pages and listener. Tests build it directly."""
 
@@ -100,11 +80,14 @@ class Crossbar(MultiService):
         self.table = HealthTable({n: h.url for n, h in config.hosts.items()}, reactor, settings)
         self.table.on_change(log_transition)
 
+        urls = {name: host.url for name, host in config.hosts.items()}
         poll_pool = make_pool(reactor, per_host=1)
-        poll_client = HTTPClient(Agent(reactor, pool=poll_pool))
+        poll_timeouts = {name: s.poll_timeout for name, s in settings.items()}
+        poll_client = HTTPClient(make_agent(reactor, poll_pool, urls, poll_timeouts))
         self.poller = Poller(self.table, poll_client, reactor, settings)
         proxy_pool = make_pool(reactor, per_host=64)
-        agent = Agent(reactor, pool=proxy_pool, connectTimeout=5.0)
+        connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
+        agent = make_agent(reactor, proxy_pool, urls, connect_timeouts)
         self.proxy = ProxyResource(config, self.table, agent, reactor)
         self.metrics = Metrics(self.table, self.proxy)
         self.proxy.observer = self.metrics

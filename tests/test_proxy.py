@@ -409,3 +409,26 @@ async def test_upstream_dying_mid_stream_breaks_client_stream(rig: Rig) -> None:
     state = rig.table.get("gpu-a")
     assert state is not None and not state.healthy
     assert state.last_err.startswith("marked down: answer broken")
+
+
+def trickle(port: int) -> bytes:
+    """A client that sends half its headers, then nothing (blocking, on loopback)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /lab/v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_that_trickles_headers_is_cut_off(rig: Rig) -> None:
+    from twisted.internet.threads import deferToThread
+
+    rig.crossbar.site.header_deadline = 0.2
+    port = rig.crossbar.listener.port.getHost().port  # type: ignore[union-attr]
+    answer = await deferToThread(trickle, port)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    # a client that sends its headers in time is not affected
+    response, _ = await call(rig, "GET", "/lab/v1/models")
+    assert response.code == 200

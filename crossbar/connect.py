@@ -1,0 +1,100 @@
+"""How crossbar connects to its hosts: endpoints per host, and connection pools.
+
+Twisted's default ``Agent`` resolves the host name in a thread for every new
+connection, even for an IP address; llama-server routers close the connection
+after every completion, so that cost would be paid on nearly every request. Here
+an IP address is connected to directly, and each host gets its own connect timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    wrapClientTLS,
+)
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.ssl import optionsForClientTLS
+from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.iweb import IAgent, IAgentEndpointFactory
+from zope.interface import implementer
+
+IDLE_POOL_TIMEOUT = 3.0
+"""Seconds an idle upstream connection is kept: llama-server drops them after 5 s,
+and a POST sent on a connection the server is closing would fail."""
+
+
+def _family(host: str) -> int | None:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return family
+    return None
+
+
+@implementer(IAgentEndpointFactory)
+class HostEndpoints:
+    """Endpoints for URIs: direct TCP for IP addresses, a per-host connect timeout."""
+
+    def __init__(
+        self, reactor: Any, timeouts: Mapping[tuple[bytes, int], float], default: float
+    ) -> None:
+        self._reactor = reactor
+        self._timeouts = dict(timeouts)
+        self._default = default
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        host = uri.host.decode("ascii")
+        timeout = self._timeouts.get((uri.host, uri.port), self._default)
+        family = _family(host)
+        endpoint: IStreamClientEndpoint
+        if family == socket.AF_INET:
+            endpoint = TCP4ClientEndpoint(self._reactor, host, uri.port, timeout=timeout)
+        elif family == socket.AF_INET6:
+            endpoint = TCP6ClientEndpoint(self._reactor, host, uri.port, timeout=timeout)
+        else:
+            endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=timeout)
+        if uri.scheme == b"https":
+            endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
+        return endpoint
+
+
+class _QuietClientFactory(_HTTP11ClientFactory):
+    noisy = False
+
+
+class _QuietPool(HTTPConnectionPool):
+    """A pool that does not log two lines for every upstream connection."""
+
+    _factory = _QuietClientFactory
+
+
+def make_pool(reactor: Any, per_host: int) -> HTTPConnectionPool:
+    pool = _QuietPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = per_host
+    pool.cachedConnectionTimeout = IDLE_POOL_TIMEOUT  # type: ignore[assignment]
+    return pool
+
+
+def make_agent(
+    reactor: Any,
+    pool: HTTPConnectionPool,
+    urls: Mapping[str, str],
+    connect_timeouts: Mapping[str, float],
+    default_timeout: float = 5.0,
+) -> IAgent:
+    """An Agent for the given hosts (name -> base URL), with their connect timeouts."""
+    timeouts = {}
+    for name, url in urls.items():
+        uri = URI.fromBytes(url.encode())
+        timeouts[(uri.host, uri.port)] = connect_timeouts.get(name, default_timeout)
+    endpoints = HostEndpoints(reactor, timeouts, default_timeout)
+    agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
+    return agent

@@ -1,0 +1,160 @@
+"""Prometheus metrics for crossbar, in a registry of its own.
+
+Request metrics are counted as each proxied request ends (:meth:`Metrics.request_done`
+is the proxy's observer). Fleet metrics (in flight, host up, polls) are not copied
+anywhere: a collector reads them from the health table and the proxy at scrape time.
+The registry is per :class:`Metrics`, never the process-wide one, so that any number
+of crossbars (as in the tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from crossbar.health import HealthTable
+
+__all__ = ["CONTENT_TYPE", "HasInFlight", "Metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+NO_HOST = "-"
+"""The ``host`` label of a request that never reached a host (bad path, no healthy host)."""
+
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+"""Whole requests: a streamed generation can run for minutes."""
+FIRST_BYTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+"""Up to the upstream's answer head: includes prompt processing and any model load."""
+
+
+class HasInFlight(Protocol):
+    """The part of the proxy read at scrape time: requests in flight by host."""
+
+    @property
+    def in_flight(self) -> Mapping[str, int]: ...
+
+
+class _FleetCollector:
+    """Reads host gauges and poll counters from the table and the proxy when scraped."""
+
+    def __init__(self, table: HealthTable, proxy: HasInFlight) -> None:
+        self._table = table
+        self._proxy = proxy
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        up, polls, failures, in_flight = families = self._families()
+        in_flight_now = self._proxy.in_flight
+        for name, state in self._table.snapshot().items():
+            up.add_metric([name], 1 if state.healthy else 0)
+            polls.add_metric([name], state.polls)
+            failures.add_metric([name], state.poll_failures)
+            in_flight.add_metric([name], in_flight_now.get(name, 0))
+        return families
+
+    @staticmethod
+    def _families() -> tuple[
+        GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily
+    ]:
+        return (
+            GaugeMetricFamily(
+                "crossbar_host_up", "1 if the host is healthy, else 0.", labels=["host"]
+            ),
+            CounterMetricFamily(
+                "crossbar_polls", "Health polls of the host that ended.", labels=["host"]
+            ),
+            CounterMetricFamily(
+                "crossbar_poll_failures", "Health polls of the host that failed.", labels=["host"]
+            ),
+            GaugeMetricFamily(
+                "crossbar_in_flight_requests",
+                "Proxied requests the host is serving now.",
+                labels=["host"],
+            ),
+        )
+
+
+class _Children:
+    """The label children of one (route, host), resolved once and reused."""
+
+    __slots__ = ("bytes", "duration", "first_byte")
+
+    def __init__(self, metrics: Metrics, route: str, host: str) -> None:
+        self.duration = metrics.duration.labels(route, host)
+        self.first_byte = metrics.first_byte.labels(route, host)
+        self.bytes = metrics.sent.labels(route, host)
+
+
+class Metrics:
+    """The proxy's observer and the source of ``/_crossbar/metrics``."""
+
+    def __init__(self, table: HealthTable, proxy: HasInFlight) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "crossbar_requests",
+            "Requests answered, by route, host and HTTP status (499: the client left first).",
+            ["route", "host", "code"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "crossbar_request_duration_seconds",
+            "Time from a request's arrival to the end of its answer.",
+            ["route", "host"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.first_byte = Histogram(
+            "crossbar_time_to_first_byte_seconds",
+            "Time from a request's arrival until the host's answer began.",
+            ["route", "host"],
+            buckets=FIRST_BYTE_BUCKETS,
+            registry=self.registry,
+        )
+        self.sent = Counter(
+            "crossbar_response_bytes",
+            "Bytes of upstream answers streamed to clients.",
+            ["route", "host"],
+            registry=self.registry,
+        )
+        self.registry.register(_FleetCollector(table, proxy))
+        self._children: dict[tuple[str, str], _Children] = {}
+        self._codes: dict[tuple[str, str, int], Counter] = {}
+
+    def request_done(
+        self,
+        route: str,
+        host: str | None,
+        status: int,
+        seconds: float,
+        first_byte: float | None,
+        sent: int,
+    ) -> None:
+        """Count one ended request; on every request's path, so label lookups are cached."""
+        host = NO_HOST if host is None else host
+        children = self._children.get((route, host))
+        if children is None:
+            children = self._children[route, host] = _Children(self, route, host)
+        key = (route, host, status)
+        counter = self._codes.get(key)
+        if counter is None:
+            counter = self._codes[key] = self.requests.labels(route, host, str(status))
+        counter.inc()
+        children.duration.observe(seconds)
+        if first_byte is not None:
+            children.first_byte.observe(first_byte)
+        if sent:
+            children.bytes.inc(sent)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric, for a scrape."""
+        return generate_latest(self.registry)

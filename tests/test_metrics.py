@@ -1,0 +1,231 @@
+"""Prometheus metrics: counted per request, read from the table at scrape time, and moved by
+real proxied requests end to end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import prometheus_client
+import pytest
+import pytest_twisted
+import treq
+from prometheus_client.parser import text_string_to_metric_families
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
+
+from crossbar.config import parse_config
+from crossbar.health import HealthTable, HostState
+from crossbar.metrics import CONTENT_TYPE, Metrics
+from crossbar.service import Crossbar
+from crossbar.simulator import SimulatedHost
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+LAB_A_200 = {"route": "lab", "host": "gpu-a", "code": "200"}
+HI = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def samples(text: bytes) -> Samples:
+    """Every sample of a scrape, by name and labels."""
+    found: Samples = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            found[sample.name, frozenset(sample.labels.items())] = sample.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    return found.get((name, frozenset(labels.items())))
+
+
+@attrs.define
+class FakeProxy:
+    in_flight: dict[str, int] = attrs.Factory(dict)
+
+
+@pytest.fixture
+def table() -> HealthTable:
+    return HealthTable({"gpu-a": "http://a", "gpu-b": "http://b"}, Clock())
+
+
+def test_request_done_counts_by_route_host_and_code(table: HealthTable) -> None:
+    metrics = Metrics(table, FakeProxy())
+    metrics.request_done("lab", "gpu-a", 200, 1.5, 0.2, 1000)
+    metrics.request_done("lab", "gpu-a", 200, 0.5, 0.1, 24)
+    metrics.request_done("lab", "gpu-a", 499, 7.0, 0.3, 10)
+    metrics.request_done("lab", None, 503, 0.001, None, 0)
+    metrics.request_done("-", None, 404, 0.001, None, 0)
+
+    found = samples(metrics.render())
+    assert value(found, "crossbar_requests_total", route="lab", host="gpu-a", code="200") == 2
+    assert value(found, "crossbar_requests_total", route="lab", host="gpu-a", code="499") == 1
+    assert value(found, "crossbar_requests_total", route="lab", host="-", code="503") == 1
+    assert value(found, "crossbar_requests_total", route="-", host="-", code="404") == 1
+    duration = "crossbar_request_duration_seconds"
+    assert value(found, duration + "_count", route="lab", host="gpu-a") == 3
+    assert value(found, duration + "_sum", route="lab", host="gpu-a") == 9.0
+    assert value(found, duration + "_bucket", route="lab", host="gpu-a", le="1.0") == 1
+    ttfb = "crossbar_time_to_first_byte_seconds"
+    assert value(found, ttfb + "_count", route="lab", host="gpu-a") == 3
+    assert value(found, ttfb + "_sum", route="lab", host="gpu-a") == pytest.approx(0.6)
+    # no answer from any host: no time to first byte either
+    assert value(found, ttfb + "_count", route="lab", host="-") == 0
+    assert value(found, "crossbar_response_bytes_total", route="lab", host="gpu-a") == 1034
+
+
+def test_fleet_metrics_are_read_at_scrape_time(table: HealthTable) -> None:
+    proxy = FakeProxy({"gpu-a": 0, "gpu-b": 0})
+    metrics = Metrics(table, proxy)
+    found = samples(metrics.render())
+    assert value(found, "crossbar_host_up", host="gpu-a") == 0
+    assert value(found, "crossbar_polls_total", host="gpu-a") == 0
+
+    table.record_ok("gpu-a", loaded=["m1"], known=["m1"])
+    table.record_failure("gpu-b", "health: HTTP 500")
+    table.record_failure("gpu-b", "health: HTTP 500")
+    table.mark_down("gpu-b", "connection refused")  # not a poll
+    proxy.in_flight["gpu-a"] = 3
+    found = samples(metrics.render())
+    assert value(found, "crossbar_host_up", host="gpu-a") == 1
+    assert value(found, "crossbar_host_up", host="gpu-b") == 0
+    assert value(found, "crossbar_polls_total", host="gpu-a") == 1
+    assert value(found, "crossbar_polls_total", host="gpu-b") == 2
+    assert value(found, "crossbar_poll_failures_total", host="gpu-a") == 0
+    assert value(found, "crossbar_poll_failures_total", host="gpu-b") == 2
+    assert value(found, "crossbar_in_flight_requests", host="gpu-a") == 3
+    assert value(found, "crossbar_in_flight_requests", host="gpu-b") == 0
+
+
+def test_each_crossbar_has_its_own_registry(table: HealthTable) -> None:
+    one, two = Metrics(table, FakeProxy()), Metrics(table, FakeProxy())
+    one.request_done("lab", "gpu-a", 200, 0.1, 0.1, 1)
+    assert value(samples(one.render()), "crossbar_requests_total", **LAB_A_200) == 1
+    assert value(samples(two.render()), "crossbar_requests_total", **LAB_A_200) is None
+    assert b"crossbar_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
+    assert CONTENT_TYPE == prometheus_client.CONTENT_TYPE_LATEST
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class Rig:
+    crossbar: Crossbar
+    sims: dict[str, SimulatedHost]
+    client: HTTPClient
+
+    @property
+    def base(self) -> str:
+        port = self.crossbar.listener.port
+        assert port is not None
+        address: Any = port.getHost()
+        return f"http://127.0.0.1:{address.port}"
+
+    async def scrape(self) -> Samples:
+        response = await self.client.get(self.base + "/_crossbar/metrics")
+        assert response.code == 200
+        return samples(await treq.content(response))
+
+
+async def all_polled(table: HealthTable) -> None:
+    from twisted.internet import reactor
+
+    done: Deferred[None] = Deferred()
+    done.addTimeout(10, reactor)
+
+    def check(*_: HostState) -> None:
+        if all(s.state != "unknown" for s in table.snapshot().values()) and not done.called:
+            done.callback(None)
+
+    table.on_change(check)
+    check()
+    await done
+
+
+@pytest_twisted.async_yield_fixture
+async def rig(reactor: Any) -> AsyncIterator[Rig]:
+    """gpu-a is up with m1 loaded; gpu-b answers every request with HTTP 500."""
+    sims = {"gpu-a": SimulatedHost({"m1": "loaded"}), "gpu-b": SimulatedHost({"m1": "loaded"})}
+    sims["gpu-b"].fault = "error"
+    for sim in sims.values():
+        await sim.listen(0, "127.0.0.1")
+    config = parse_config(
+        {
+            "listen": "tcp:0:interface=127.0.0.1",
+            "poll_interval": "60s",
+            "hosts": {name: sim.url for name, sim in sims.items()},
+            "routes": {
+                "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1"},
+                "spare": {"hosts": ["gpu-b"]},
+            },
+        }
+    )
+    crossbar = Crossbar(config, reactor)
+    crossbar.startService()
+    await all_polled(crossbar.table)
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    yield Rig(crossbar, sims, HTTPClient(Agent(reactor, pool=pool)))
+    await crossbar.stopService()
+    for sim in sims.values():
+        await sim.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_counters_move_after_proxied_requests(rig: Rig) -> None:
+    before = await rig.scrape()
+    assert value(before, "crossbar_requests_total", **LAB_A_200) is None
+    assert value(before, "crossbar_host_up", host="gpu-a") == 1
+    assert value(before, "crossbar_host_up", host="gpu-b") == 0
+    assert value(before, "crossbar_polls_total", host="gpu-b") == 1
+    assert value(before, "crossbar_poll_failures_total", host="gpu-b") == 1
+
+    sent = 0
+    for _ in range(2):
+        response = await rig.client.post(
+            rig.base + "/lab/v1/chat/completions",
+            json=HI,
+        )
+        body = await treq.content(response)
+        assert response.code == 200, body
+        assert json.loads(body)["object"] == "chat.completion"
+        sent += len(body)
+    response = await rig.client.get(rig.base + "/spare/v1/models")
+    assert response.code == 503
+    await treq.content(response)
+    response = await rig.client.get(rig.base + "/nowhere/v1/models")
+    assert response.code == 404
+    await treq.content(response)
+
+    after = await rig.scrape()
+    assert value(after, "crossbar_requests_total", **LAB_A_200) == 2
+    assert value(after, "crossbar_requests_total", route="spare", host="-", code="503") == 1
+    assert value(after, "crossbar_requests_total", route="-", host="-", code="404") == 1
+    lab_a = {"route": "lab", "host": "gpu-a"}
+    assert value(after, "crossbar_request_duration_seconds_count", **lab_a) == 2
+    assert value(after, "crossbar_time_to_first_byte_seconds_count", **lab_a) == 2
+    assert value(after, "crossbar_response_bytes_total", **lab_a) == sent
+    assert value(after, "crossbar_in_flight_requests", host="gpu-a") == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_in_flight_is_seen_while_a_request_runs(rig: Rig) -> None:
+    sim = rig.sims["gpu-a"]
+    sim.fault = "hang"  # holds every request until the client leaves
+    arrived = sim.wait_request()
+    pending = rig.client.post(rig.base + "/lab/v1/chat/completions", json=HI)
+    await arrived
+    assert value(await rig.scrape(), "crossbar_in_flight_requests", host="gpu-a") == 1
+
+    upstream_closed = sim.wait_connection_closed()
+    pending.cancel()  # the client hangs up
+    with pytest.raises(ResponseNeverReceived):
+        await pending
+    await upstream_closed
+    after = await rig.scrape()
+    assert value(after, "crossbar_in_flight_requests", host="gpu-a") == 0
+    assert value(after, "crossbar_requests_total", route="lab", host="gpu-a", code="499") == 1
+    assert value(after, "crossbar_time_to_first_byte_seconds_count", route="lab", host="gpu-a") == 0

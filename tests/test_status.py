@@ -1,0 +1,576 @@
+"""The ``/_crossbar/`` pages: in memory with a Clock where exact values matter, and end to
+end (real loopback sockets, simulated llama-server hosts, a headless Chromium) for the rest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import pytest_twisted
+import treq
+from treq.client import HTTPClient
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.web.client import Agent, HTTPConnectionPool
+
+from crossbar.config import Config, parse_config
+from crossbar.health import HealthTable, HostState
+from crossbar.metrics import Metrics
+from crossbar.service import Crossbar
+from crossbar.simulator import SimulatedHost
+from crossbar.status import StatusApp, ago
+
+T0 = 1_700_000_000.0
+T0_RFC3339 = "2023-11-14T22:13:20.000Z"
+SCRIPT = "<script>document.title='owned'</script>"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class PageRows(HTMLParser):
+    """The status page as data: for each table id, one ``{column label: cell text}`` per row."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tables: dict[str, list[dict[str, str]]] = {}
+        self.title = ""
+        self._table: str | None = None
+        self._row: dict[str, str] | None = None
+        self._label: str | None = None
+        self._text: list[str] = []
+        self._in_title = False
+        self.feed(page)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._table = dict(attrs).get("id") or ""
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self._row = {}
+        elif tag == "td" and self._row is not None:
+            self._label, self._text = dict(attrs).get("data-label") or "", []
+        elif tag == "br":
+            self._text.append(" ")
+        elif tag == "title":
+            self._in_title = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row is not None and self._label is not None:
+            self._row[self._label] = " ".join("".join(self._text).split())
+            self._label = None
+        elif tag == "tr" and self._row is not None and self._table is not None:
+            if self._row:
+                self.tables[self._table].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "title":
+            self._in_title = False
+
+    def handle_data(self, data: str) -> None:
+        if self._label is not None:
+            self._text.append(data)
+        if self._in_title:
+            self.title += data
+
+
+@attrs.define
+class FakeProxy:
+    in_flight: dict[str, int] = attrs.Factory(dict)
+    turns: dict[str, int] = attrs.Factory(dict)
+
+
+def header(response: Any, name: str) -> str | None:
+    values = response.headers.getRawHeaders(name)
+    return values[0] if values else None
+
+
+def lab_config(hosts: dict[str, str], routes: dict[str, Any]) -> Config:
+    return parse_config(
+        {
+            "listen": "tcp:0:interface=127.0.0.1",
+            "poll_interval": "60s",
+            "hosts": hosts,
+            "routes": routes,
+        }
+    )
+
+
+# -- in memory ----------------------------------------------------------------------------------
+
+
+@attrs.define
+class Desk:
+    """A status app over a hand-driven table and clock, served by StubTreq."""
+
+    table: HealthTable
+    proxy: FakeProxy
+    clock: Clock
+    http: StubTreq
+
+    async def get(self, path: str, method: str = "GET") -> tuple[Any, bytes]:
+        response = await self.http.request(method, "http://crossbar" + path)
+        return response, await treq.content(response)
+
+
+@pytest.fixture
+def desk() -> Desk:
+    config = lab_config(
+        {"gpu-a": "http://10.0.0.1:8080", "gpu-b": "http://10.0.0.2:8080/", "gpu-c": "http://c"},
+        {
+            "lab": {"hosts": ["gpu-b", "gpu-a"], "default_model": "m2"},
+            "bee": {"hosts": ["gpu-b"]},
+            "any": {"hosts": ["gpu-c", "gpu-a"]},
+        },
+    )
+    clock = Clock()
+    clock.advance(T0)
+    table = HealthTable({n: h.url for n, h in config.hosts.items()}, clock)
+    table.record_ok("gpu-a", loaded=["m1"], known=["m2", "m1"])
+    table.record_failure("gpu-b", "health: HTTP 500")
+    clock.advance(3.6)
+    proxy = FakeProxy(in_flight={"gpu-a": 2, "gpu-b": 0, "gpu-c": 0})
+    app = StatusApp(config, table, proxy, Metrics(table, proxy), clock)
+    return Desk(table, proxy, clock, StubTreq(app.resource()))
+
+
+@pytest_twisted.ensureDeferred
+async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
+    response, body = await desk.get("/status")
+    assert response.code == 200
+    assert header(response, "content-type") == "application/json"
+    assert json.loads(body) == {
+        "hosts": {
+            "gpu-a": {
+                "url": "http://10.0.0.1:8080",
+                "healthy": True,
+                "state": "up",
+                "loaded": ["m1"],
+                "known": ["m1", "m2"],
+                "last_ok": T0_RFC3339,
+                "last_err": "",
+                "consecutive": 1,
+                "in_flight": 2,
+            },
+            "gpu-b": {
+                "url": "http://10.0.0.2:8080",
+                "healthy": False,
+                "state": "down",
+                "loaded": [],
+                "known": [],
+                "last_ok": None,
+                "last_err": "health: HTTP 500",
+                "consecutive": 0,
+                "in_flight": 0,
+            },
+            "gpu-c": {
+                "url": "http://c",
+                "healthy": False,
+                "state": "unknown",
+                "loaded": [],
+                "known": [],
+                "last_ok": None,
+                "last_err": "",
+                "consecutive": 0,
+                "in_flight": 0,
+            },
+        },
+        "routes": {
+            # gpu-b comes first but is down; gpu-a knows m2
+            "lab": {"hosts": ["gpu-b", "gpu-a"], "default_model": "m2", "choice": "gpu-a"},
+            "bee": {"hosts": ["gpu-b"], "default_model": None, "choice": None},
+            "any": {"hosts": ["gpu-c", "gpu-a"], "default_model": None, "choice": "gpu-a"},
+        },
+    }
+
+
+@pytest_twisted.ensureDeferred
+async def test_state_is_unknown_until_the_first_poll_ends(desk: Desk) -> None:
+    async def state() -> str:
+        _, body = await desk.get("/status/gpu-c")
+        return str(json.loads(body)["state"])
+
+    assert await state() == "unknown"
+    desk.table.record_ok("gpu-c", loaded=[], known=[])
+    assert await state() == "up"
+    desk.table.record_failure("gpu-c", "models: timed out after 5s")
+    assert await state() == "down"
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_host_alone_and_an_unknown_one(desk: Desk) -> None:
+    response, body = await desk.get("/status/gpu-b")
+    assert response.code == 200
+    assert json.loads(body)["last_err"] == "health: HTTP 500"
+    response, body = await desk.get("/status/gpu-z")
+    assert response.code == 404
+    assert header(response, "content-type") == "application/json"
+    assert json.loads(body) == {"error": "unknown host"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_choice_follows_the_table(desk: Desk) -> None:
+    desk.table.record_ok("gpu-b", loaded=["m2"], known=["m2"])
+    desk.table.record_ok("gpu-b", loaded=["m2"], known=["m2"])  # recovered after a failure
+    _, body = await desk.get("/status")
+    routes = json.loads(body)["routes"]
+    assert routes["lab"]["choice"] == "gpu-b"
+    assert routes["bee"]["choice"] == "gpu-b"
+
+
+@pytest_twisted.ensureDeferred
+async def test_choice_is_the_proxys_first_pick_under_every_policy() -> None:
+    config = lab_config(
+        {"gpu-a": "http://a", "gpu-b": "http://b"},
+        {
+            "busy": {"hosts": ["gpu-a", "gpu-b"], "policy": "least_busy"},
+            "turns": {"hosts": ["gpu-a", "gpu-b"], "policy": "round_robin"},
+            "anyway": {"hosts": ["gpu-b"], "when_all_down": "try_all"},
+        },
+    )
+    clock = Clock()
+    table = HealthTable({n: h.url for n, h in config.hosts.items()}, clock)
+    table.record_ok("gpu-a", loaded=[], known=[])
+    table.mark_down("gpu-b", "test")
+    table.record_ok("gpu-b", loaded=[], known=[])
+    table.record_ok("gpu-b", loaded=[], known=[])
+    proxy = FakeProxy(in_flight={"gpu-a": 3, "gpu-b": 1}, turns={"turns": 5})
+    http = StubTreq(StatusApp(config, table, proxy, Metrics(table, proxy), clock).resource())
+
+    async def choices() -> dict[str, str | None]:
+        body = await treq.content(await http.get("http://crossbar/status"))
+        return {name: r["choice"] for name, r in json.loads(body)["routes"].items()}
+
+    assert await choices() == {"busy": "gpu-b", "turns": "gpu-b", "anyway": "gpu-b"}
+    proxy.in_flight["gpu-b"] = 4
+    proxy.turns["turns"] = 6
+    table.mark_down("gpu-b", "test")  # try_all still sends there
+    assert await choices() == {"busy": "gpu-a", "turns": "gpu-a", "anyway": "gpu-b"}
+    page = PageRows((await treq.content(await http.get("http://crossbar/"))).decode())
+    assert page.tables["routes"][2]["Goes to now"] == "gpu-b (none healthy; tried anyway)"
+
+
+@pytest_twisted.ensureDeferred
+async def test_readyz_names_the_routes_without_a_healthy_host(desk: Desk) -> None:
+    response, body = await desk.get("/readyz")
+    assert response.code == 503
+    assert json.loads(body) == {"ready": False, "routes_down": ["bee"]}
+    desk.table.record_ok("gpu-b", loaded=[], known=[])
+    desk.table.record_ok("gpu-b", loaded=[], known=[])
+    response, body = await desk.get("/readyz")
+    assert response.code == 200
+    assert json.loads(body) == {"ready": True, "routes_down": []}
+    response, body = await desk.get("/livez")
+    assert response.code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_page_shows_hosts_and_routes(desk: Desk) -> None:
+    response, body = await desk.get("/")
+    assert response.code == 200
+    assert header(response, "content-type") == "text/html; charset=utf-8"
+    page = body.decode()
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    assert "<script" not in page  # no JavaScript at all
+    rows = PageRows(page).tables
+    assert rows["hosts"] == [
+        {
+            "Host": "gpu-a http://10.0.0.1:8080",
+            "State": "\u25cf up",
+            "Last good poll": "3 s ago",
+            "Last error": "",
+            "Loaded": "m1",
+            "Known": "m1, m2",
+            "Good polls in a row": "1",
+            "In flight": "2",
+        },
+        {
+            "Host": "gpu-b http://10.0.0.2:8080",
+            "State": "\u25bc down",
+            "Last good poll": "never",
+            "Last error": "health: HTTP 500",
+            "Loaded": "none",
+            "Known": "none",
+            "Good polls in a row": "0",
+            "In flight": "0",
+        },
+        {
+            "Host": "gpu-c http://c",
+            "State": "? unknown",
+            "Last good poll": "never",
+            "Last error": "",
+            "Loaded": "none",
+            "Known": "none",
+            "Good polls in a row": "0",
+            "In flight": "0",
+        },
+    ]
+    assert rows["routes"] == [
+        {
+            "Route": "lab",
+            "Hosts, in order": "gpu-b gpu-a",
+            "Default model": "m2",
+            "Goes to now": "gpu-a",
+        },
+        {
+            "Route": "bee",
+            "Hosts, in order": "gpu-b",
+            "Default model": "none (first healthy host)",
+            "Goes to now": "no healthy host",
+        },
+        {
+            "Route": "any",
+            "Hosts, in order": "gpu-c gpu-a",
+            "Default model": "none (first healthy host)",
+            "Goes to now": "gpu-a",
+        },
+    ]
+    desk.clock.advance(120)
+    _, body = await desk.get("/")
+    assert PageRows(body.decode()).tables["hosts"][0]["Last good poll"] == "2 min ago"
+
+
+@pytest_twisted.ensureDeferred
+async def test_page_escapes_what_hosts_say(desk: Desk) -> None:
+    """Model ids come from the hosts and error text may quote them: both are shown as text."""
+    evil_model = '"><img src=x onerror=alert(1)>'
+    desk.table.record_ok("gpu-a", loaded=[evil_model], known=[evil_model])
+    desk.table.record_failure("gpu-b", f"models: bad answer: {SCRIPT}")
+    _, body = await desk.get("/")
+    page = body.decode()
+    assert "<script" not in page and "<img" not in page
+    assert "&lt;script&gt;" in page
+    hosts = PageRows(page).tables["hosts"]
+    assert hosts[0]["Loaded"] == evil_model
+    assert hosts[1]["Last error"] == f"models: bad answer: {SCRIPT}"
+
+
+@pytest_twisted.ensureDeferred
+async def test_other_paths_and_methods_answer_json(desk: Desk) -> None:
+    response, body = await desk.get("/nope")
+    assert response.code == 404
+    assert json.loads(body) == {"error": "not found"}
+    response, body = await desk.get("/status", method="POST")
+    assert response.code == 405
+    assert header(response, "allow") == "GET, HEAD"
+    assert json.loads(body) == {"error": "method not allowed"}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (-2, "0 s ago"),
+        (0.4, "0 s ago"),
+        (59.9, "59 s ago"),
+        (60, "1 min ago"),
+        (7200, "2 h ago"),
+        (3 * 86400 + 5, "3 d ago"),
+    ],
+)
+def test_ago(seconds: float, text: str) -> None:
+    assert ago(seconds) == text
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class Fleet:
+    crossbar: Crossbar
+    hosts: dict[str, SimulatedHost]
+    client: HTTPClient
+
+    @property
+    def base(self) -> str:
+        port = self.crossbar.listener.port
+        assert port is not None
+        address: Any = port.getHost()
+        return f"http://127.0.0.1:{address.port}/_crossbar"
+
+    async def get(self, path: str) -> tuple[Any, bytes]:
+        response = await self.client.get(self.base + path)
+        return response, await treq.content(response)
+
+    async def get_json(self, path: str) -> Any:
+        _, body = await self.get(path)
+        return json.loads(body)
+
+    async def poll_until(self, name: str, healthy: bool) -> None:
+        """Poll one host now, as often as its recovery needs (a few times at most)."""
+        for _ in range(5):
+            await self.crossbar.poller.poll_now(name)
+            state = self.crossbar.table.get(name)
+            assert state is not None
+            if state.healthy == healthy:
+                return
+        raise AssertionError(f"{name} did not become healthy={healthy}: {state}")
+
+
+async def all_polled(table: HealthTable) -> None:
+    """Wait (on events, not time) until every host's first poll has ended; fail after 10 s."""
+    from twisted.internet import reactor
+
+    done: Deferred[None] = Deferred()
+    done.addTimeout(10, reactor)
+
+    def check(*_: HostState) -> None:
+        states = table.snapshot().values()
+        if all(s.state != "unknown" for s in states) and not done.called:
+            done.callback(None)
+
+    table.on_change(check)
+    check()
+    await done
+
+
+@pytest_twisted.async_yield_fixture
+async def fleet(reactor: Any) -> AsyncIterator[Fleet]:
+    """gpu-a is up with m1 loaded; gpu-b answers every request with HTTP 500."""
+    hosts = {
+        "gpu-a": SimulatedHost({"m1": "loaded", "m2": "unloaded"}, reactor=reactor),
+        "gpu-b": SimulatedHost({"m2": "loaded"}, reactor=reactor),
+    }
+    hosts["gpu-b"].fault = "error"
+    for sim in hosts.values():
+        await sim.listen(0, "127.0.0.1")
+    config = lab_config(
+        {name: sim.url for name, sim in hosts.items()},
+        {
+            "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1"},
+            "spare": {"hosts": ["gpu-b"]},
+        },
+    )
+    crossbar = Crossbar(config, reactor)
+    crossbar.startService()
+    await all_polled(crossbar.table)
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    yield Fleet(crossbar, hosts, HTTPClient(Agent(reactor, pool=pool)))
+    await crossbar.stopService()
+    for sim in hosts.values():
+        await sim.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_endpoint_end_to_end(fleet: Fleet) -> None:
+    status = await fleet.get_json("/status")
+    a, b = status["hosts"]["gpu-a"], status["hosts"]["gpu-b"]
+    assert (a["state"], a["healthy"], a["loaded"], a["known"]) == ("up", True, ["m1"], ["m1", "m2"])
+    assert a["last_ok"].endswith("Z") and a["last_err"] == "" and a["in_flight"] == 0
+    assert (b["state"], b["healthy"], b["last_ok"]) == ("down", False, None)
+    assert b["last_err"] == "health: HTTP 500"
+    assert status["routes"] == {
+        "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1", "choice": "gpu-a"},
+        "spare": {"hosts": ["gpu-b"], "default_model": None, "choice": None},
+    }
+    assert await fleet.get_json("/status/gpu-b") == b
+
+    response, body = await fleet.get("/readyz")
+    assert response.code == 503
+    assert json.loads(body) == {"ready": False, "routes_down": ["spare"]}
+    response, _ = await fleet.get("/livez")
+    assert response.code == 200
+
+    response, body = await fleet.get("/metrics")
+    assert response.code == 200
+    assert header(response, "content-type").startswith("text/plain; version=")  # type: ignore[union-attr]
+    assert 'crossbar_host_up{host="gpu-a"} 1.0' in body.decode()
+    assert 'crossbar_host_up{host="gpu-b"} 0.0' in body.decode()
+
+    response, body = await fleet.get("/")
+    assert response.code == 200
+    rows = PageRows(body.decode()).tables["hosts"]
+    states = {row["Host"].split()[0]: row["State"] for row in rows}
+    assert states == {"gpu-a": "\u25cf up", "gpu-b": "\u25bc down"}
+
+    # without the slash, a redirect to the page (whose links are relative)
+    response = await fleet.client.get(fleet.base, allow_redirects=False)
+    await treq.content(response)
+    assert response.code in (301, 308)
+    assert header(response, "location") == fleet.base + "/"
+
+
+@pytest_twisted.ensureDeferred
+async def test_readyz_flips_when_the_last_healthy_host_of_a_route_goes_down(fleet: Fleet) -> None:
+    fleet.hosts["gpu-b"].fault = None
+    await fleet.poll_until("gpu-b", healthy=True)
+    response, body = await fleet.get("/readyz")
+    assert response.code == 200
+    assert json.loads(body) == {"ready": True, "routes_down": []}
+
+    await fleet.hosts["gpu-b"].refuse()  # "spare" has no other host
+    await fleet.poll_until("gpu-b", healthy=False)
+    response, body = await fleet.get("/readyz")
+    assert response.code == 503
+    assert json.loads(body) == {"ready": False, "routes_down": ["spare"]}
+
+    fleet.hosts["gpu-a"].fault = "error"  # now "lab" has none either
+    await fleet.poll_until("gpu-a", healthy=False)
+    assert await fleet.get_json("/readyz") == {"ready": False, "routes_down": ["lab", "spare"]}
+
+
+# -- in a real browser --------------------------------------------------------------------------
+
+CHROMIUM = next(
+    (path for name in ("chromium", "chromium-browser") if (path := shutil.which(name))), None
+)
+
+
+def dump_dom(url: str, profile: Path) -> str:
+    """The page as headless Chromium rendered it (blocking: run it in a thread)."""
+    assert CHROMIUM is not None
+    result = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--window-size=390,844",  # a phone
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    return result.stdout.decode()
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium is not installed (Debian: apt-get install chromium)",
+)
+@pytest_twisted.ensureDeferred
+async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
+    from twisted.internet.threads import deferToThread
+
+    # Error text is untrusted: in a real browser it must stay text and never run.
+    fleet.crossbar.table.record_failure("gpu-b", f"health: {SCRIPT}")
+    dom = await deferToThread(dump_dom, fleet.base + "/", tmp_path / "profile")
+    page = PageRows(dom)
+    assert page.title == "crossbar status"
+    hosts = {row["Host"].split()[0]: row for row in page.tables["hosts"]}
+    assert set(hosts) == {"gpu-a", "gpu-b"}
+    assert hosts["gpu-a"]["State"] == "\u25cf up"
+    assert hosts["gpu-a"]["Loaded"] == "m1"
+    assert hosts["gpu-b"]["State"] == "\u25bc down"
+    assert hosts["gpu-b"]["Last error"] == f"health: {SCRIPT}"
+    routes = {row["Route"]: row["Goes to now"] for row in page.tables["routes"]}
+    assert routes == {"lab": "gpu-a", "spare": "no healthy host"}
