@@ -20,6 +20,7 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _RESERVED_ROUTES = frozenset({"_crossbar"})
+_TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=[^:]*)*)")
 
 
 class ConfigError(Exception):
@@ -93,6 +94,8 @@ class Config:
     routes: Mapping[str, RouteConfig]
     defaults: HostSettings = HostSettings()
     source: str = "crossbar.yaml"
+    workers: int = 1
+    """Processes sharing the listening port (each with its own health table)."""
 
     def settings(self, host: str) -> HostSettings:
         own = self.hosts[host].settings
@@ -179,6 +182,25 @@ _SETTING_PARSERS: dict[str, Any] = {
 }
 
 
+def tcp_address(listen: str) -> tuple[str, int, int]:
+    """``(interface, port, backlog)`` of a plain ``tcp:`` endpoint description."""
+    match = _TCP.fullmatch(listen)
+    if match is None:
+        raise ValueError(f"workers need a TCP listen address, not {listen!r}")
+    options = dict(part.split("=", 1) for part in match.group(2).split(":") if part)
+    unknown = set(options) - {"interface", "backlog"}
+    if unknown:
+        raise ValueError(f"workers cannot use {', '.join(sorted(unknown))} in {listen!r}")
+    return options.get("interface", ""), int(match.group(1)), int(options.get("backlog", 128))
+
+
+def parse_workers(value: object) -> int:
+    count = parse_count(value)
+    if count > 64:
+        raise ValueError(f"must be at most 64, not {count}")
+    return count
+
+
 def parse_listen(value: object) -> str:
     """A bare port (all interfaces) or a Twisted server endpoint string."""
     if isinstance(value, bool):
@@ -249,7 +271,7 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
     r = _Reader(source)
     if data is None:
         raise r.fail("", "is empty")
-    top = r.mapping(data, "", {"listen", "hosts", "routes"} | SETTING_KEYS)
+    top = r.mapping(data, "", {"listen", "workers", "hosts", "routes"} | SETTING_KEYS)
     for required in ("hosts", "routes"):
         if required not in top:
             raise r.fail(required, "is missing")
@@ -304,8 +326,13 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
             )
         routes[name] = RouteConfig(name, tuple(members), model, policy, all_down)
 
+    listen = r.convert("listen", parse_listen, top.get("listen", 7777))
+    workers = r.convert("workers", parse_workers, top.get("workers", 1))
+    if workers > 1:
+        r.convert("listen", tcp_address, listen)
     return Config(
-        listen=r.convert("listen", parse_listen, top.get("listen", 7777)),
+        listen=listen,
+        workers=workers,
         hosts=hosts,
         routes=routes,
         defaults=defaults,

@@ -20,6 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from crossbar.health import HealthTable
 
@@ -158,3 +159,30 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, for a scrape."""
         return generate_latest(self.registry)
+
+
+class _Fixed:
+    """A collector that yields families built elsewhere."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def merge_workers(texts: Mapping[str, bytes]) -> bytes:
+    """One exposition of several workers' expositions, each sample labelled ``worker``."""
+    families: dict[str, Metric] = {}
+    for worker, text in texts.items():
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = Metric(family.name, family.documentation, family.type, family.unit)
+                families[family.name] = merged
+            for sample in family.samples:
+                labels = {**sample.labels, "worker": worker}
+                merged.samples.append(sample._replace(labels=labels))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(families.values())))
+    return generate_latest(registry)

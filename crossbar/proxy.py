@@ -197,6 +197,7 @@ class Site(server.Site):
     of its own: the proxy logs one line per request when it really ends."""
 
     requestFactory = ProxyRequest
+    noisy = False
     protocol = Channel  # type: ignore[assignment]  # plain HTTP/1.1, no HTTP/2 upgrade
     header_deadline = HEADER_DEADLINE
 

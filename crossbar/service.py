@@ -6,22 +6,28 @@ the proxy reads the table to choose a host, and the status pages only read.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from treq.client import HTTPClient
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.endpoints import serverFromString
+from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
+from twisted.web.resource import IResource, Resource
 
 from crossbar.config import Config
 from crossbar.connect import make_agent, make_pool
 from crossbar.health import HealthTable, Poller, log_transition
-from crossbar.metrics import Metrics
+from crossbar.metrics import Metrics, merge_workers
 from crossbar.proxy import ProxyResource, RootResource, Site
 from crossbar.status import StatusApp
+from crossbar.workers import ReusePortEndpoint, WorkerInfo, peer_ports
+
+log = Logger()
 
 CLIENT_IDLE_TIMEOUT = 75.0
 """Seconds an idle client connection is kept open."""
@@ -73,9 +79,10 @@ class _ClosePools(Service):
 class Crossbar(MultiService):
     """The running crossbar: poller, proxy, status pages and listener. Tests build it directly."""
 
-    def __init__(self, config: Config, reactor: Any) -> None:
+    def __init__(self, config: Config, reactor: Any, worker: WorkerInfo | None = None) -> None:
         super().__init__()
         self.config = config
+        self.worker = worker
         settings = {name: config.settings(name) for name in config.hosts}
         self.table = HealthTable({n: h.url for n, h in config.hosts.items()}, reactor, settings)
         self.table.on_change(log_transition)
@@ -83,7 +90,7 @@ class Crossbar(MultiService):
         urls = {name: host.url for name, host in config.hosts.items()}
         poll_pool = make_pool(reactor, per_host=1)
         poll_timeouts = {name: s.poll_timeout for name, s in settings.items()}
-        poll_client = HTTPClient(make_agent(reactor, poll_pool, urls, poll_timeouts))
+        poll_client = self._client = HTTPClient(make_agent(reactor, poll_pool, urls, poll_timeouts))
         self.poller = Poller(self.table, poll_client, reactor, settings)
         proxy_pool = make_pool(reactor, per_host=64)
         connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
@@ -94,10 +101,45 @@ class Crossbar(MultiService):
         self.status = StatusApp(config, self.table, self.proxy, self.metrics, reactor)
 
         root = RootResource(self.proxy)
-        root.putChild(b"_crossbar", self.status.resource())
+        status_root = self.status.resource()
+        root.putChild(b"_crossbar", status_root)
         self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT)
 
         _ClosePools(poll_pool, proxy_pool).setServiceParent(self)
         self.poller.setServiceParent(self)
-        self.listener = Listener(serverFromString(reactor, config.listen), self.site)
+        if worker is None:
+            endpoint = serverFromString(reactor, config.listen)
+        else:
+            endpoint = ReusePortEndpoint(reactor, config.listen)
+            self._serve_peers(reactor, worker, status_root)
+        self.listener = Listener(endpoint, self.site)
         self.listener.setServiceParent(self)
+
+    def _serve_peers(self, reactor: Any, worker: WorkerInfo, status: IResource) -> None:
+        """A private loopback port for the other workers, and metrics from all of them."""
+        admin = Resource()
+        admin.putChild(b"_crossbar", status)
+        private = Listener(
+            TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), Site(admin, timeout=30)
+        )
+        private.setServiceParent(self)
+        private.listening.addCallback(_write_port, worker.port_file(worker.index))
+        self.status.gather_metrics = lambda: Deferred.fromCoroutine(self._all_metrics(worker))
+
+    async def _all_metrics(self, worker: WorkerInfo) -> bytes:
+        texts = {str(worker.index): self.metrics.render()}
+        for index, port in peer_ports(worker).items():
+            url = f"http://127.0.0.1:{port}/_crossbar/metrics?local=1"
+            try:
+                response = await self._client.get(url, timeout=2.0)
+                texts[str(index)] = await response.content()
+            except Exception as e:
+                log.warn("metrics of worker {index} unavailable: {e}", index=index, e=e)
+        return merge_workers(texts)
+
+
+def _write_port(port: IListeningPort, path: Path) -> None:
+    """Publish a worker's private port for its peers (atomically: never half a number)."""
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(str(port.getHost().port))  # type: ignore[attr-defined]
+    scratch.replace(path)

@@ -9,12 +9,13 @@ same rule the proxy applies, so the page cannot disagree with it).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from html import escape
 from typing import Any, Protocol
 
 from klein import Klein
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -85,6 +86,8 @@ class StatusApp:
         self.proxy = proxy
         self.metrics = metrics
         self.clock = clock
+        self.gather_metrics: Callable[[], Deferred[bytes]] | None = None
+        """With several workers: every worker's metrics, labelled by worker."""
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -155,10 +158,12 @@ class StatusApp:
         return _json(request, self.host_json(state))
 
     @app.route("/metrics", methods=["GET"])
-    def metrics_text(self, request: IRequest) -> bytes:
+    def metrics_text(self, request: IRequest) -> bytes | Deferred[bytes]:
         request.setHeader(b"content-type", CONTENT_TYPE.encode("ascii"))
         _no_store(request)
-        return self.metrics.render()
+        if self.gather_metrics is None or b"local" in (request.args or {}):
+            return self.metrics.render()
+        return self.gather_metrics()
 
     @app.route("/livez", methods=["GET"])
     def livez(self, request: IRequest) -> bytes:

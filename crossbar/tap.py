@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from twisted.application.service import IService
 from twisted.python import usage
 
-from crossbar.config import ConfigError, load_config, parse_listen
+from crossbar.config import Config, ConfigError, load_config, parse_listen
 
 
 class Options(usage.Options):
@@ -43,7 +44,28 @@ def makeService(options: Options) -> IService:
         print(f"crossbar: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
-    return Crossbar(config, reactor)
+    if config.workers == 1:
+        return Crossbar(config, reactor)
+    return _with_workers(config, options["config"], reactor)
+
+
+def _with_workers(config: Config, path: str, reactor: Any) -> IService:
+    """Worker 0 in this process, workers 1..N-1 as children sharing its port."""
+    import shutil
+    import tempfile
+
+    from twisted.application.service import MultiService
+
+    from crossbar.service import Crossbar
+    from crossbar.workers import WorkerInfo, WorkerProcesses
+
+    run_dir = tempfile.mkdtemp(prefix="crossbar-workers-")
+    reactor.addSystemEventTrigger("after", "shutdown", shutil.rmtree, run_dir, True)
+    info = WorkerInfo(0, config.workers, run_dir)
+    top = MultiService()
+    Crossbar(config, reactor, worker=info).setServiceParent(top)
+    WorkerProcesses(reactor, str(Path(path).resolve()), info).setServiceParent(top)
+    return top
 
 
 def _stop_cleanly_on_signals(reactor: Any) -> None:

@@ -1,0 +1,146 @@
+"""``workers: N``: several processes share the port, and metrics gather them all."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.threads import deferToThread
+
+from crossbar.config import ConfigError, parse_config, tcp_address
+from crossbar.metrics import merge_workers
+from crossbar.simulator import SimulatedHost
+from tests.test_service import free_port, wait_for_port
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+
+
+def test_tcp_address() -> None:
+    assert tcp_address("tcp:7777") == ("", 7777, 128)
+    assert tcp_address("tcp:7777:interface=127.0.0.1:backlog=50") == ("127.0.0.1", 7777, 50)
+    with pytest.raises(ValueError, match="TCP listen address"):
+        tcp_address("unix:/tmp/x.sock")
+    with pytest.raises(ValueError, match="cannot use"):
+        tcp_address("tcp:7777:reuse=true")
+
+
+def test_workers_need_a_tcp_listen_address() -> None:
+    doc: dict[str, Any] = {
+        "listen": "unix:/tmp/crossbar.sock",
+        "workers": 2,
+        "hosts": {"a": "http://127.0.0.1:1"},
+        "routes": {"r": {"hosts": ["a"]}},
+    }
+    with pytest.raises(ConfigError, match=r"listen: workers need a TCP listen address"):
+        parse_config(doc)
+    doc["workers"] = 0
+    with pytest.raises(ConfigError, match="workers: must be a whole number"):
+        parse_config(doc)
+    doc["listen"], doc["workers"] = 7777, 2
+    assert parse_config(doc).workers == 2
+
+
+def test_merge_labels_every_sample_by_worker() -> None:
+    one = b'# HELP x_total Things.\n# TYPE x_total counter\nx_total{host="a"} 3.0\n'
+    two = b'# HELP x_total Things.\n# TYPE x_total counter\nx_total{host="a"} 4.0\n'
+    merged = merge_workers({"0": one, "1": two}).decode()
+    assert merged.count("# TYPE x_total counter") == 1
+    assert 'x_total{host="a",worker="0"} 3.0' in merged
+    assert 'x_total{host="a",worker="1"} 4.0' in merged
+
+
+def children(pid: int) -> set[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def wait_until(check: Any, what: str, limit: float = 20.0) -> Any:
+    """Poll another process's state (a bounded wait, for work done outside this process)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body: bytes = r.read()
+        return body
+
+
+def run_two_workers(tmp_path: Path, sim_url: str) -> dict[str, Any]:
+    port = free_port()
+    (tmp_path / "crossbar.yaml").write_text(
+        f'listen: "tcp:{port}:interface=127.0.0.1"\nworkers: 2\npoll_interval: 200ms\n'
+        f"hosts:\n  gpu-a: {sim_url}\nroutes:\n  lab:\n    hosts: [gpu-a]\n"
+    )
+    proc = subprocess.Popen(
+        [TWISTD, "-n", "--pidfile=", "crossbar", "-c", "crossbar.yaml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    result: dict[str, Any] = {}
+    try:
+        wait_for_port(port, proc)
+        base = f"http://127.0.0.1:{port}"
+        first = wait_until(lambda: children(proc.pid), "worker 1 to start")
+        wait_until(lambda: b'worker="1"' in fetch(base + "/_crossbar/metrics"), "worker 1")
+
+        def served() -> bool:
+            for _ in range(10):  # each a new connection, spread by the kernel
+                with contextlib.suppress(OSError):
+                    fetch(base + "/lab/v1/models")
+            metrics = fetch(base + "/_crossbar/metrics").decode()
+            lines = [line for line in metrics.splitlines() if "crossbar_requests_total{" in line]
+            return all(any(f'worker="{w}"' in line for line in lines) for w in "01")
+
+        result["both_served"] = wait_until(served, "both workers to serve requests")
+        (child,) = first
+        os.kill(child, signal.SIGKILL)
+        result["restarted"] = wait_until(
+            lambda: children(proc.pid) - {child}, "worker 1 to be started again"
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        result["output"], _ = proc.communicate(timeout=30)
+        result["code"] = proc.returncode
+    result["left"] = {pid for pid in result.get("restarted", set()) if alive(pid)}
+    return result
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    sim = SimulatedHost({"m1": "loaded"})
+    await sim.listen(0, "127.0.0.1")
+    try:
+        result = await deferToThread(run_two_workers, tmp_path, sim.url)
+    finally:
+        await sim.stop()
+    assert result["code"] == 0, result["output"]
+    assert result["both_served"]
+    assert result["restarted"]  # a worker that died was started again
+    assert "worker 1 ended; starting it again" in result["output"]
+    assert result["left"] == set()  # no worker outlives crossbar
