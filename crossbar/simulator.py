@@ -5,6 +5,14 @@ mode): the same status codes, JSON shapes, error shapes, headers and SSE framing
 that it records every request and can be told to misbehave (``fault``), so tests can prove
 how crossbar reacts to slow, broken or vanishing hosts.  Run it by hand with
 ``python -m crossbar.simulator --listen 8081 --models tiny-a=loaded,tiny-b=unloaded``.
+
+It follows llama.cpp 0c1e57098 as observed (``tests/integration`` runs crossbar against that
+real server): a router's own answers carry ``Keep-Alive: timeout=5, max=100`` and a length,
+every error closes the connection, the completions it relays come chunked with
+``Connection: close``, ``/v1/models`` gives ``meta`` for loaded models only, and an unloaded
+model stays listed as ``loaded`` until its process has exited (``unload_time``). What it does
+not copy: the real router sometimes puts several SSE events into one HTTP chunk (the
+simulator writes one event per chunk), and its token counts are not a tokenizer's.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from zope.interface import implementer
 
 Fault = Literal["loading", "error", "hang", "reset", "close"] | None
 
-BUILD_INFO = "b1-0c1e57098"
+# llama-server's build number and short commit, as it reports them in "system_fingerprint" and
+# "build_info" (llama.cpp 0c1e57098 built from the llama-cpp-python 0.3.36 sdist says this).
+BUILD_INFO = "b1-0c1e570"
 MAX_TOKENS = 100_000
 _STATUSES = ("loaded", "loading", "unloaded")
 _COMPLETIONS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
@@ -43,6 +53,8 @@ _ERROR_TYPES = {
     503: "unavailable_error",
 }
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+_ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_FIRST_CHILD_PORT = 40001
 _JSON = b"application/json; charset=utf-8"
 _log = Logger()
 
@@ -79,8 +91,11 @@ class _Model:
     status: str
     failed: bool = False
     last_used: int = 0
+    port: int = 0  # of the model's own server while it runs (0 when unloaded)
     load_call: IDelayedCall | None = None
     waiters: list[Deferred[None]] = field(default_factory=list)
+    unload_call: IDelayedCall | None = None  # stopping: still listed as loaded until it fires
+    unload_waiters: list[Deferred[None]] = field(default_factory=list)
 
 
 class _HttpError(Exception):
@@ -134,6 +149,7 @@ class _SimResource(Resource):
     def render(self, request: Request) -> int:
         self._host._record(request)
         request.setHeader(b"server", b"llama.cpp")
+        request.setHeader(b"access-control-allow-origin", b"")  # sic: empty unless --api-key/CORS
         finished: Deferred[None] = request.notifyFinish()
         handling = Deferred.fromCoroutine(self._host._handle(request))
         finished.addErrback(lambda _: handling.cancel())
@@ -253,6 +269,7 @@ class SimulatedHost:
         models_max: int = 4,
         reactor: Any = None,
         idle_timeout: float | None = 5.0,
+        unload_time: float = 0.0,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as _reactor
@@ -269,6 +286,7 @@ class SimulatedHost:
         self.chunk_interval = chunk_interval
         self.chunk_size = chunk_size
         self.load_time = load_time
+        self.unload_time = unload_time
         self.models_max = models_max
         self.close_completions = True
         self.fault: Fault = None
@@ -283,6 +301,7 @@ class SimulatedHost:
         self._reactor: Any = reactor
         self._models = {m: _Model(m, "unloaded") for m in models}
         self._uses = 0
+        self._child_ports = 0
         self._port: IListeningPort | None = None
         self._port_number = 0
         self._interface = "127.0.0.1"
@@ -293,6 +312,7 @@ class SimulatedHost:
             if status == "loaded":
                 self._touch(self._models[model_id])
                 self._models[model_id].status = "loaded"
+                self._models[model_id].port = self._next_child_port()
             elif status == "loading":
                 self._start_load(self._models[model_id])
 
@@ -324,6 +344,7 @@ class SimulatedHost:
         self._unload(model)
         if status == "loaded":
             model.status, model.failed = "loaded", False
+            model.port = self._next_child_port()
             self._touch(model)
         elif status == "loading":
             self._start_load(model)
@@ -375,7 +396,7 @@ class SimulatedHost:
             await self.wait_connection_closed()
         if cancel_loads:
             for model in self._models.values():
-                if model.status == "loading":
+                if model.status == "loading" or model.unload_call is not None:
                     self._unload(model)
 
     def _connection_lost(self) -> None:
@@ -402,17 +423,26 @@ class SimulatedHost:
         self._uses += 1
         model.last_used = self._uses
 
+    def _next_child_port(self) -> int:
+        self._child_ports += 1
+        return _FIRST_CHILD_PORT + self._child_ports
+
     def _start_load(self, model: _Model) -> None:
         """Begin loading, first evicting least recently used models beyond models_max."""
-        running = [m for m in self._models.values() if m is not model and m.status != "unloaded"]
+        running = [
+            m
+            for m in self._models.values()
+            if m is not model and m.status != "unloaded" and m.unload_call is None
+        ]
         while self.models_max > 0 and len(running) >= self.models_max:
             loaded = [m for m in running if m.status == "loaded"]
             if not loaded:
                 break
             victim = min(loaded, key=lambda m: m.last_used)
-            self._unload(victim)
+            self._stop_model(victim)
             running.remove(victim)
         model.status = "loading"
+        model.port = self._next_child_port()
         if self.load_time > 0:
             model.load_call = self._reactor.callLater(self.load_time, self._finish_load, model)
         else:
@@ -422,7 +452,7 @@ class SimulatedHost:
         model.load_call = None
         waiters, model.waiters = model.waiters, []
         if model.id in self.fail_loads:
-            model.status, model.failed = "unloaded", True
+            model.status, model.failed, model.port = "unloaded", True, 0
             for d in waiters:
                 d.errback(_HttpError(500, f"model name={model.id} failed to load"))
             return
@@ -431,14 +461,32 @@ class SimulatedHost:
         for d in waiters:
             d.callback(None)
 
+    def _stop_model(self, model: _Model) -> None:
+        """Stop a loaded model's server the way the router does.
+
+        The real router answers at once but keeps listing the model as ``loaded`` until the
+        model's process has exited (``unload_time``; about 50 ms for a tiny model); a request for
+        it meanwhile waits for the exit, then loads the model again.
+        """
+        if model.status != "loaded" or self.unload_time <= 0:
+            self._unload(model)
+        elif model.unload_call is None:
+            model.unload_call = self._reactor.callLater(self.unload_time, self._unload, model)
+
     def _unload(self, model: _Model) -> None:
         if model.load_call is not None and model.load_call.active():
             model.load_call.cancel()
         model.load_call = None
-        model.status = "unloaded"
+        if model.unload_call is not None and model.unload_call.active():
+            model.unload_call.cancel()
+        model.unload_call = None
+        model.status, model.port = "unloaded", 0
         waiters, model.waiters = model.waiters, []
         for d in waiters:
             d.errback(_HttpError(500, f"model name={model.id} failed to load"))
+        gone, model.unload_waiters = model.unload_waiters, []
+        for d in gone:
+            d.callback(None)
 
     async def _ready(self, request: Request, name: str, *, touch: bool) -> None:
         """Validate a model name the way the router does, loading the model if needed."""
@@ -447,6 +495,10 @@ class SimulatedHost:
         model = self._models.get(name)
         if model is None:
             raise _HttpError(400, f"model '{name}' not found")
+        if model.unload_call is not None:
+            stopped: Deferred[None] = Deferred()
+            model.unload_waiters.append(stopped)
+            await stopped
         if model.status != "loaded":
             if _query(request, "autoload") in ("false", "0") and model.status == "unloaded":
                 raise _HttpError(400, "model is not loaded")
@@ -478,8 +530,13 @@ class SimulatedHost:
                 raise _HttpError(self.error_status, "simulated server error")
             await self._route(request, self.reset_after if fault == "reset" else None)
         except _HttpError as e:
-            body = {"code": e.status, "message": e.message, "type": _error_type(e.status)}
-            self._send(request, e.status, _dumps({"error": body}))
+            self._send_error(request, e.status, e.message)
+
+    def _send_error(self, request: Request, status: int, message: str) -> None:
+        body = {"code": status, "message": message, "type": _error_type(status)}
+        if status == 404:  # the HTTP layer's own 404 has its keys in another order
+            body = {"message": message, "type": _error_type(status), "code": status}
+        self._send(request, status, _dumps({"error": body}))
 
     def _unexpected(self, failure: Failure, request: Request) -> None:
         """Answer 500 for a bug in the simulator, and drop cancellations silently."""
@@ -487,9 +544,7 @@ class SimulatedHost:
             return
         _log.failure("crossbar simulator failed to answer", failure)
         if not request.startedWriting and not request.finished:
-            message = failure.getErrorMessage()
-            error = {"code": 500, "message": message, "type": "server_error"}
-            self._send(request, 500, _dumps({"error": error}))
+            self._send_error(request, 500, failure.getErrorMessage())
 
     async def _route(self, request: Request, reset_after: int | None) -> None:
         method, path = request.method.decode(), request.path.decode()
@@ -507,58 +562,94 @@ class SimulatedHost:
             raise _HttpError(404, "File Not Found")
 
     def _send(
-        self, request: Request, status: int, data: bytes, content_type: bytes = _JSON
+        self,
+        request: Request,
+        status: int,
+        data: bytes,
+        content_type: bytes = _JSON,
+        *,
+        chunked: bool = False,
     ) -> None:
+        """Answer at once. Errors close the connection (``Connection: close``, no keep-alive);
+        ``chunked`` answers have no Content-Length, like the completions a router proxies."""
         request.setResponseCode(status)
         request.setHeader(b"content-type", content_type)
-        request.setHeader(b"content-length", b"%d" % len(data))
-        request.setHeader(b"keep-alive", b"timeout=5, max=100")
+        if not chunked:
+            request.setHeader(b"content-length", b"%d" % len(data))
+        if status >= 400:
+            request.setHeader(b"connection", b"close")
+            request.channel.persistent = False
+        else:
+            request.setHeader(b"keep-alive", b"timeout=5, max=100")
         request.write(data)
         request.finish()
 
     def _models_body(self) -> dict[str, Any]:
-        created = int(self._reactor.seconds())
+        created = int(self._reactor.seconds())  # the time of the answer, not of the file
         if not self.router:
             (name,) = self._models
-            meta = {"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": 4096, "n_embd": 64}
             return {
-                "models": [{"name": name, "model": name, "type": "model"}],
+                "models": [
+                    {
+                        "name": name,
+                        "model": name,
+                        "modified_at": "",
+                        "size": "",
+                        "digest": "",
+                        "type": "model",
+                        "description": "",
+                        "tags": [""],
+                        "capabilities": ["completion"],
+                        "parameters": "",
+                        "details": {
+                            "parent_model": "",
+                            "format": "gguf",
+                            "family": "",
+                            "families": [""],
+                            "parameter_size": "",
+                            "quantization_level": "",
+                        },
+                    }
+                ],
                 "object": "list",
                 "data": [
                     {
                         "id": name,
-                        "aliases": [],
+                        "aliases": [name],
                         "tags": [],
                         "object": "model",
                         "created": created,
                         "owned_by": "llamacpp",
-                        "meta": meta,
+                        "meta": _META,
                     }
                 ],
             }
         data = []
         for model in self._models.values():
-            args = ["llama-server", "--host", "127.0.0.1", "--port", "0", "--alias", model.id]
+            path = f"/m/{model.id}.gguf"
+            args = ["llama-server", "--host", "127.0.0.1", "--port", str(model.port)]
             status: dict[str, Any] = {
                 "value": model.status,
-                "args": [*args, "--model", f"/m/{model.id}.gguf"],
+                "args": [*args, "--alias", model.id, "--model", path],
+                "preset": f"[{model.id}]\nmodel = {path}\n\n",
             }
             if model.failed:
                 status |= {"exit_code": 1, "failed": True}
-            data.append(
-                {
-                    "id": model.id,
-                    "aliases": [],
-                    "tags": [],
-                    "object": "model",
-                    "owned_by": "llamacpp",
-                    "created": created,
-                    "status": status,
-                    "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-                    "source": "models_dir",
-                    "can_remove": False,
-                }
-            )
+            entry: dict[str, Any] = {
+                "id": model.id,
+                "aliases": [],
+                "tags": [],
+                "object": "model",
+                "owned_by": "llamacpp",
+                "created": created,
+                "status": status,
+                "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "source": "models_dir",
+                "can_remove": False,
+            }
+            if model.status == "loaded":  # only a running model can tell its metadata
+                entry["meta"] = _META
+            data.append(entry)
         return {"data": data, "object": "list"}
 
     async def _info(self, request: Request, path: str) -> None:
@@ -573,7 +664,8 @@ class SimulatedHost:
                 "models_autoload": True,
                 "model_alias": "llama-server",
                 "model_path": "none",
-                "default_generation_settings": {"params": {}, "n_ctx": 0},
+                "default_generation_settings": {"params": None, "n_ctx": 0},
+                "ui_settings": {},
                 "build_info": BUILD_INFO,
                 "cors_proxy_enabled": False,
             }
@@ -606,15 +698,18 @@ class SimulatedHost:
         body = _json_body(request)
         model = self._models.get(str(body.get("model", "")))
         if model is None:
-            raise _HttpError(404 if load else 400, "model is not found")
+            # sic: loading an unknown model is the HTTP layer's plain 404
+            raise (
+                _HttpError(404, "File Not Found") if load else _HttpError(400, "model is not found")
+            )
         if load and model.status != "unloaded":
             raise _HttpError(400, "model is already running")
-        if not load and model.status == "unloaded":
+        if not load and (model.status == "unloaded" or model.unload_call is not None):
             raise _HttpError(400, "model is not running")
         if load:
             self._start_load(model)
         else:
-            self._unload(model)
+            self._stop_model(model)
         self._send(request, 200, _dumps({"success": True}))
 
     async def _completion(self, request: Request, *, chat: bool, reset_after: int | None) -> None:
@@ -635,14 +730,22 @@ class SimulatedHost:
                 n, finish = min(value, MAX_TOKENS), "length"
                 break
         prompt = max(1, len(json.dumps(body.get("messages", body.get("prompt", ""))).split()))
-        usage = {"completion_tokens": n, "prompt_tokens": prompt, "total_tokens": n + prompt}
+        usage = {
+            "completion_tokens": n,
+            "prompt_tokens": prompt,
+            "total_tokens": n + prompt,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         ms = max(self.chunk_interval, 0.001) * 1000
         timings = {
             "cache_n": 0,
             "prompt_n": prompt,
             "prompt_ms": 1.0,
+            "prompt_per_token_ms": 1.0 / prompt,
+            "prompt_per_second": 1000.0 * prompt,
             "predicted_n": n,
             "predicted_ms": n * ms,
+            "predicted_per_token_ms": ms,
             "predicted_per_second": 1000 / ms,
         }
         reply = _Reply(chat, name, int(self._reactor.seconds()), finish, usage, timings)
@@ -660,7 +763,11 @@ class SimulatedHost:
             return
         if self.chunk_interval > 0 and n:
             await deferLater(self._reactor, self.chunk_interval * n)
-        self._send(request, 200, _dumps(reply.whole(_text(0, n * self.chunk_size))))
+        if self.router:
+            # What the router relays from the model's server comes chunked, unbuffered.
+            request.setHeader(b"x-accel-buffering", b"no")
+        whole = _dumps(reply.whole(_text(0, n * self.chunk_size)))
+        self._send(request, 200, whole, chunked=self.router)
 
 
 @dataclass(frozen=True)
@@ -671,20 +778,12 @@ class _Reply:
     model: str
     created: int
     finish: str
-    usage: dict[str, int]
+    usage: dict[str, Any]
     timings: dict[str, float]
-    id: str = field(default_factory=lambda: secrets.token_hex(16))
-
-    def _envelope(self, choices: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-        prefix = "chatcmpl-" if self.chat else "cmpl-"
-        return {
-            "choices": choices,
-            "created": self.created,
-            "id": prefix + self.id,
-            "model": self.model,
-            "system_fingerprint": BUILD_INFO,
-            "object": kind,
-        }
+    # "chatcmpl-" for text completions too: llama-server says so.
+    id: str = field(
+        default_factory=lambda: "chatcmpl-" + "".join(secrets.choice(_ID_CHARS) for _ in range(32))
+    )
 
     def whole(self, content: str) -> dict[str, Any]:
         if self.chat:
@@ -692,15 +791,47 @@ class _Reply:
             choice = {"finish_reason": self.finish, "index": 0, "message": message}
         else:
             choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": self.finish}
-        answer = self._envelope([choice], "chat.completion" if self.chat else "text_completion")
-        return answer | {"usage": self.usage, "timings": self.timings}
+        return {
+            "choices": [choice],
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": BUILD_INFO,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "usage": self.usage,
+            "id": self.id,
+            "timings": self.timings,
+        }
 
     def events(self, n: int, size: int, with_usage: bool) -> Iterator[tuple[bool, bytes]]:
-        """(paced, bytes) for every SSE event, generated lazily: streams may be huge."""
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        """(paced, bytes) for every SSE event, generated lazily: streams may be huge.
+
+        Chat chunks carry the id before the model; text completion chunks after the object,
+        and their last chunk always has the usage (``include_usage`` adds nothing). A chat
+        stream's finish chunk has the timings, unless ``include_usage`` asked for one more
+        chunk with the usage: then that one has them.
+        """
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            return b"data: " + _dumps(self._envelope(choices, kind) | extra) + b"\n\n"
+            if self.chat:
+                head = {"choices": choices, "created": self.created, "id": self.id}
+                doc = head | {
+                    "model": self.model,
+                    "system_fingerprint": BUILD_INFO,
+                    "object": "chat.completion.chunk",
+                }
+            else:
+                doc = {
+                    "choices": choices,
+                    "created": self.created,
+                    "model": self.model,
+                    "system_fingerprint": BUILD_INFO,
+                    "object": "text_completion",
+                }
+                usage = extra.pop("usage", None)
+                if usage is not None:
+                    doc["usage"] = usage
+                doc["id"] = self.id
+            return b"data: " + _dumps(doc | extra) + b"\n\n"
 
         def choice(finish: str | None, content: str | None) -> dict[str, Any]:
             if not self.chat:
@@ -721,10 +852,26 @@ class _Reply:
             yield False, event([{"finish_reason": None, "index": 0, "delta": role}])
         for i in range(n):
             yield True, event([choice(None, _text(i * size, size))])
-        yield False, event([choice(self.finish, None)], timings=self.timings)
-        if with_usage:
+        if not self.chat:
+            yield False, event([choice(self.finish, None)], usage=self.usage, timings=self.timings)
+        elif with_usage:
+            yield False, event([choice(self.finish, None)])
             yield False, event([], usage=self.usage, timings=self.timings)
+        else:
+            yield False, event([choice(self.finish, None)], timings=self.timings)
         yield False, b"data: [DONE]\n\n"
+
+
+_META = {
+    "vocab_type": 1,
+    "n_vocab": 289,
+    "n_ctx": 2048,
+    "n_ctx_train": 2048,
+    "n_embd": 64,
+    "n_params": 119232,
+    "size": 476928,
+    "ftype": "all F32",
+}
 
 
 def _transport(request: Request) -> Any:
@@ -795,6 +942,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chunk-interval", type=float, default=0.05)
     parser.add_argument("--chunk-size", type=int, default=1)
     parser.add_argument("--load-time", type=float, default=2.0)
+    parser.add_argument("--unload-time", type=float, default=0.1)
     parser.add_argument("--models-max", type=int, default=4)
     args = parser.parse_args(argv)
     specs = [(args.listen, args.models)]
@@ -812,6 +960,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             chunk_interval=args.chunk_interval,
             chunk_size=args.chunk_size,
             load_time=args.load_time,
+            unload_time=args.unload_time,
             models_max=args.models_max,
         )
         host.listen(port, args.interface)

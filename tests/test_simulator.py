@@ -19,7 +19,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 
-from crossbar.simulator import RecordedRequest, SimulatedHost, _parse_models
+from crossbar.simulator import BUILD_INFO, RecordedRequest, SimulatedHost, _parse_models
 
 TWO_MODELS = {"tiny-a": "loaded", "tiny-b": "unloaded"}
 ERROR_KEYS = ["code", "message", "type"]
@@ -193,6 +193,27 @@ async def test_router_lists_every_model_with_status() -> None:
         assert entry["aliases"] == [] and entry["tags"] == [] and entry["object"] == "model"
         assert entry["owned_by"] == "llamacpp" and isinstance(entry["created"], int)
         assert isinstance(entry["status"]["args"], list)
+        assert entry["status"]["preset"] == "[tiny-a]\nmodel = /m/tiny-a.gguf\n\n"
+        # Only a running model has metadata, and a port of its own in its args.
+        by_id = {m["id"]: m for m in body["data"]}
+        assert "meta" in by_id["tiny-a"] and by_id["tiny-a"]["meta"]["n_ctx_train"] == 2048
+        assert "meta" not in by_id["tiny-b"] and "meta" not in by_id["tiny-c"]
+        port = by_id["tiny-a"]["status"]["args"].index("--port") + 1
+        assert by_id["tiny-a"]["status"]["args"][port] != "0"
+        assert by_id["tiny-b"]["status"]["args"][port] == "0"
+
+
+@pytest_twisted.ensureDeferred
+async def test_models_list_created_is_the_time_of_the_answer() -> None:
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    sim = SimulatedHost(TWO_MODELS, reactor=clock)
+    stub = stub_for(sim)
+    (_, first) = await get_json(stub, "/v1/models")
+    clock.advance(7)
+    (_, later) = await get_json(stub, "/v1/models")
+    assert {m["created"] for m in first["data"]} == {1_800_000_000}
+    assert {m["created"] for m in later["data"]} == {1_800_000_007}
 
 
 @pytest_twisted.ensureDeferred
@@ -203,6 +224,7 @@ async def test_single_model_lists_one_entry_without_status_and_ignores_model() -
     assert code == 200 and body["object"] == "list" and len(body["models"]) == 1
     (entry,) = body["data"]
     assert entry["id"] == "models/tiny-a.gguf" and "status" not in entry
+    assert entry["aliases"] == ["models/tiny-a.gguf"]
     assert entry["owned_by"] == "llamacpp" and "meta" in entry
     code, answer = await post_json(stub, "/v1/chat/completions", chat("whatever"))
     assert code == 200 and answer["object"] == "chat.completion"
@@ -233,12 +255,27 @@ async def test_chat_answer_has_openai_shape() -> None:
     assert code == 200
     assert body["object"] == "chat.completion" and body["model"] == "tiny-a"
     assert body["id"].startswith("chatcmpl-") and isinstance(body["created"], int)
-    assert body["system_fingerprint"] and body["usage"]["completion_tokens"] == 5
+    assert body["system_fingerprint"] == BUILD_INFO == "b1-0c1e570"
+    assert body["usage"]["completion_tokens"] == 5
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert list(body) == [
+        "choices",
+        "created",
+        "model",
+        "system_fingerprint",
+        "object",
+        "usage",
+        "id",
+        "timings",
+    ]
+    assert "prompt_per_token_ms" in body["timings"] and "predicted_per_token_ms" in body["timings"]
     choice = body["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": "abcde"}
     assert choice["finish_reason"] == "length"
     code, text = await post_json(stub, "/v1/completions", {"model": "tiny-a", "prompt": "x"})
     assert code == 200 and text["object"] == "text_completion"
+    id_ = text["id"]
+    assert id_.startswith("chatcmpl-") and len(id_) == 9 + 32 and id_[9:].isalnum()
     assert len(text["choices"][0]["text"]) == 8 and text["choices"][0]["finish_reason"] == "stop"
 
 
@@ -251,6 +288,11 @@ async def test_completions_close_the_connection_unless_told_not_to(
     client = await send_raw(sim, http_post("/v1/chat/completions", chat()))
     await client.lost
     assert b"Connection: close" in client.data and b"Keep-Alive: timeout=5" in client.data
+    # What a router relays comes chunked, with no length, and unbuffered.
+    head, chunks = http_chunks(client.data)
+    assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
+    assert b"X-Accel-Buffering: no" in head and head.count(b"Connection: close") == 1
+    assert json.loads(b"".join(chunks))["object"] == "chat.completion"
     sim.close_completions = False
     client = await send_raw(sim, http_post("/v1/chat/completions", chat()))
     await client.wait_for(b'"usage"')
@@ -302,7 +344,38 @@ async def test_models_load_and_unload_endpoints() -> None:
     assert await post_json(stub, "/models/unload", {"model": "tiny-b"}) == (200, {"success": True})
     assert sim.status("tiny-b") == "unloaded"
     code, body = await post_json(stub, "/models/load", {"model": "nope"})
-    assert (code, body["error"]["type"]) == (404, "not_found_error")
+    assert (code, body["error"]["message"]) == (404, "File Not Found")
+    code, body = await post_json(stub, "/models/unload", {"model": "nope"})
+    assert (code, body["error"]["message"]) == (400, "model is not found")
+    code, body = await post_json(stub, "/models/unload", {"model": "tiny-b"})
+    assert (code, body["error"]["message"]) == (400, "model is not running")
+
+
+@pytest_twisted.ensureDeferred
+async def test_unload_answers_at_once_but_the_model_is_listed_until_it_stopped() -> None:
+    clock = Clock()
+    sim = SimulatedHost({"tiny-a": "loaded"}, unload_time=0.05, reactor=clock)
+    stub = stub_for(sim)
+    assert await post_json(stub, "/models/unload", {"model": "tiny-a"}) == (200, {"success": True})
+    (_, listed) = await get_json(stub, "/v1/models")
+    assert listed["data"][0]["status"]["value"] == "loaded" == sim.status("tiny-a")
+    code, body = await post_json(stub, "/models/unload", {"model": "tiny-a"})
+    assert (code, body["error"]["message"]) == (400, "model is not running")
+    clock.advance(0.05)
+    assert sim.status("tiny-a") == "unloaded"
+
+    # A request meanwhile waits for the model to stop, then loads it again.
+    await post_json(stub, "/models/load", {"model": "tiny-a"})
+    await post_json(stub, "/models/unload", {"model": "tiny-a"})
+    answer = stub.post("http://sim/v1/chat/completions", json=chat())
+    answered = watch(answer)
+    stub.flush()
+    assert not answered and sim.status("tiny-a") == "loaded"
+    clock.advance(0.05)
+    stub.flush()
+    response = await answer
+    assert response.code == 200 and sim.status("tiny-a") == "loaded"
+    await stub.content(response)
 
 
 @pytest.mark.parametrize("path", ["/slots", "/metrics", "/props"])
@@ -326,8 +399,11 @@ async def test_router_info_without_model() -> None:
     code, props = await get_json(stub, "/props")
     assert code == 200 and props["role"] == "router" and props["max_instances"] == 4
     assert props["models_autoload"] is True
+    assert props["build_info"] == BUILD_INFO and props["ui_settings"] == {}
+    assert props["default_generation_settings"] == {"params": None, "n_ctx": 0}
     code, body = await get_json(stub, "/nope")
     assert body == {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}
+    assert list(body["error"]) == ["message", "type", "code"]  # the HTTP layer's own order
     assert sim.models == TWO_MODELS
 
 
@@ -341,6 +417,27 @@ async def test_error_fault_answers_llama_error_json() -> None:
     sim.error_status = 503
     code, body = await get_json(stub, "/health")
     assert code == 503 and body["error"]["code"] == 503
+
+
+@pytest_twisted.ensureDeferred
+async def test_errors_close_the_connection_and_answers_allow_any_origin(
+    hosts: Callable[..., SimulatedHost],
+) -> None:
+    sim = hosts(models=TWO_MODELS)
+    await sim.listen()
+    client = await send_raw(sim, http_post("/v1/chat/completions", chat("nope")))
+    reason = await client.lost
+    assert isinstance(reason, error.ConnectionDone)
+    head = client.data.partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 400")
+    assert b"Connection: close" in head and b"Keep-Alive" not in head
+    assert b"Content-Length: 88" in head
+    client = await send_raw(sim, b"GET /health HTTP/1.1\r\nHost: sim\r\n\r\n")
+    await client.wait_for(b'{"status":"ok"}')
+    head = client.data.partition(b"\r\n\r\n")[0]
+    assert b"Keep-Alive: timeout=5, max=100" in head and b"Connection: close" not in head
+    assert b"Access-Control-Allow-Origin: \r\n" in head and b"Server: llama.cpp" in head
+    assert sim.open_connections == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -383,8 +480,29 @@ async def test_stream_framing_matches_llama(hosts: Callable[..., SimulatedHost])
     assert content == ["a", "b", "c", "d", "e"]
     assert all(p["object"] == "chat.completion.chunk" for p in payloads[:-1])
     assert payloads[6]["choices"][0] == {"finish_reason": "length", "index": 0, "delta": {}}
+    assert "timings" not in payloads[6]  # with include_usage they come with the usage
     assert payloads[7]["choices"] == [] and payloads[7]["usage"]["completion_tokens"] == 5
+    assert "timings" in payloads[7]
     assert len(payloads) == 9
+    assert list(payloads[1]) == [
+        "choices",
+        "created",
+        "id",
+        "model",
+        "system_fingerprint",
+        "object",
+    ]
+    assert len({p["id"] for p in payloads[:-1]}) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_chat_stream_without_usage_has_timings_on_the_finish_chunk() -> None:
+    sim = SimulatedHost(TWO_MODELS)
+    stub = stub_for(sim)
+    response = await stub.post("http://sim/v1/chat/completions", json=chat(stream=True))
+    payloads = sse_payloads(await stub.content(response))
+    assert payloads[-2]["choices"][0]["finish_reason"] == "stop" and "timings" in payloads[-2]
+    assert "usage" not in payloads[-2] and len(payloads) == 1 + 8 + 1 + 1
 
 
 @pytest_twisted.ensureDeferred
@@ -400,6 +518,26 @@ async def test_stream_without_sockets_uses_default_chunk_count() -> None:
     assert payloads[-1] == "[DONE]" and len(payloads) == 8 + 2
     assert [p["choices"][0]["text"] for p in payloads[:8]][:2] == ["abc", "def"]
     assert payloads[8]["choices"][0]["finish_reason"] == "stop"
+    # A text completion's last chunk always has the usage; include_usage adds no chunk.
+    assert payloads[8]["usage"]["completion_tokens"] == 8 and "timings" in payloads[8]
+    assert list(payloads[0]) == [
+        "choices",
+        "created",
+        "model",
+        "system_fingerprint",
+        "object",
+        "id",
+    ]
+    response = await stub.post(
+        "http://sim/v1/completions",
+        json={
+            "model": "tiny-a",
+            "prompt": "x",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert len(sse_payloads(await stub.content(response))) == 8 + 2
 
 
 @pytest_twisted.ensureDeferred
