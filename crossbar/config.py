@@ -20,6 +20,9 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _RESERVED_ROUTES = frozenset({"_crossbar"})
+LISTEN_BACKLOG = 1024
+"""Pending connections a bare port accepts: Twisted's default of 50 makes a burst of
+agents connecting at once wait a second for the kernel to retry."""
 _TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=[^:]*)*)")
 
 
@@ -191,7 +194,8 @@ def tcp_address(listen: str) -> tuple[str, int, int]:
     unknown = set(options) - {"interface", "backlog"}
     if unknown:
         raise ValueError(f"workers cannot use {', '.join(sorted(unknown))} in {listen!r}")
-    return options.get("interface", ""), int(match.group(1)), int(options.get("backlog", 128))
+    backlog = int(options.get("backlog", LISTEN_BACKLOG))
+    return options.get("interface", ""), int(match.group(1)), backlog
 
 
 def parse_workers(value: object) -> int:
@@ -210,7 +214,7 @@ def parse_listen(value: object) -> str:
     if isinstance(value, int):
         if not 1 <= value <= 65535:
             raise ValueError(f"port must be 1-65535, not {value}")
-        return f"tcp:{value}"
+        return f"tcp:{value}:backlog={LISTEN_BACKLOG}"
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"not a port or endpoint: {value!r}")
     from twisted.internet import reactor

@@ -103,7 +103,7 @@ class Crossbar(MultiService):
         root = RootResource(self.proxy)
         status_root = self.status.resource()
         root.putChild(b"_crossbar", status_root)
-        self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT)
+        self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT, parsePOSTFormSubmission=False)
 
         _ClosePools(poll_pool, proxy_pool).setServiceParent(self)
         self.poller.setServiceParent(self)
@@ -120,7 +120,8 @@ class Crossbar(MultiService):
         admin = Resource()
         admin.putChild(b"_crossbar", status)
         private = Listener(
-            TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), Site(admin, timeout=30)
+            TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
+            Site(admin, timeout=30, parsePOSTFormSubmission=False),
         )
         private.setServiceParent(self)
         private.listening.addCallback(_write_port, worker.port_file(worker.index))

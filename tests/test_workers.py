@@ -25,7 +25,7 @@ TWISTD = str(Path(sys.executable).with_name("twistd"))
 
 
 def test_tcp_address() -> None:
-    assert tcp_address("tcp:7777") == ("", 7777, 128)
+    assert tcp_address("tcp:7777") == ("", 7777, 1024)
     assert tcp_address("tcp:7777:interface=127.0.0.1:backlog=50") == ("127.0.0.1", 7777, 50)
     with pytest.raises(ValueError, match="TCP listen address"):
         tcp_address("unix:/tmp/x.sock")

@@ -1,0 +1,208 @@
+"""Profile crossbar under the benchmark's load with py-spy.
+
+    .venv/bin/pip install py-spy
+    .venv/bin/python benchmarks/profiling.py wrk      [--seconds 20]
+    .venv/bin/python benchmarks/profiling.py streams  [--seconds 20] [--k 500]
+    .venv/bin/python benchmarks/profiling.py report --file STACKS.txt
+
+Starts the fake upstream and crossbar as ``run.py`` does, puts the load on crossbar
+(wrk POSTs, or K concurrent streams replaced as they end) and samples crossbar with
+``py-spy record`` meanwhile. Writes the collapsed stacks and a flame graph to
+``benchmarks/results/profile-<load>.{txt,svg}`` and prints the functions that cost most,
+by own time and by inclusive time, as a share of crossbar's busy samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import run as bench_run
+
+REPO = str(Path(__file__).resolve().parent.parent)
+_FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+def short(frame: str) -> str:
+    """``name (path:line)`` -> ``name (module path)``, shortened to the package."""
+    m = _FRAME.match(frame)
+    if m is None:
+        return frame
+    path = m.group("file")
+    for marker in ("site-packages/", f"{REPO}/", "lib/python3.11/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{m.group('name')} ({path})"
+
+
+AREAS = [
+    # (area, pattern of a frame anywhere in the stack); the first match wins.
+    ("log line (twisted.logger formatting + write)", r"^Logger\.emit "),
+    ("metrics (request_done)", r"^Metrics\.request_done "),
+    ("form parsing of the body (twisted.web _parseContentType)", r"^_parseContentType "),
+    ("model peek (peek_model, with_model)", r"^(peek_model|with_model) "),
+    ("host choice (choose, table snapshot)", r"^(choose|HealthTable\.snapshot) "),
+    ("header copying (_upstream_headers, response headers)", r"^Exchange\._upstream_headers "),
+    (
+        "timers (callLater, cancel, reset, addTimeout)",
+        r"^(ReactorBase\.callLater|DelayedCall\.|Deferred\.addTimeout|ReactorBase\._insertNewDelayedCalls)",
+    ),
+    ("epoll_ctl (start/stop reading or writing)", r"^EPollReactor\.(_add|_remove) "),
+    ("send() to sockets", r"^Connection\.writeSomeData "),
+    ("upstream request (Agent, pool, request writing)", r"^Agent\.request "),
+    ("SSE chunk relay (decode upstream chunk, write to client)", r"^_StreamBody\.dataReceived "),
+    ("upstream response parsing (HTTPClientParser)", r"^HTTPClientParser\.dataReceived "),
+    ("client request parsing (HTTPChannel, Request)", r"^HTTPChannel\.dataReceived "),
+    ("accept()", r"^Port\.doRead "),
+    ("recv() and reactor dispatch", r"^Connection\.doRead "),
+    ("epoll_wait and reactor loop", r"^EPollReactor\.doPoll "),
+]
+
+
+def areas(collapsed: Path) -> str:
+    """Busy samples by area, each stack counted once, in the first area that matches."""
+    rules = [(name, re.compile(pattern)) for name, pattern in AREAS]
+    counts: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [short(f) for f in stack.split(";")]
+        for name, rule in rules:
+            if any(rule.search(f) for f in frames):
+                counts[name] += count
+                break
+        else:
+            counts["other"] += count
+    lines = ["by area:"]
+    lines += [f"  {100 * c / total:5.1f}%  {name}" for name, c in counts.most_common()]
+    return "\n".join(lines)
+
+
+def top(collapsed: Path, n: int) -> str:
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [
+            short(f)
+            for f in stack.split(";")
+            if not f.startswith(("process ", "thread ")) and not f.startswith('"')
+        ]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for f in set(frames):
+            inclusive[f] += count
+    lines = [f"{total} busy samples", "", "own time:"]
+    lines += [f"  {100 * c / total:5.1f}%  {f}" for f, c in own.most_common(n)]
+    lines += ["", "inclusive time:"]
+    lines += [f"  {100 * c / total:5.1f}%  {f}" for f, c in inclusive.most_common(n)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("load", choices=["wrk", "streams", "report"])
+    parser.add_argument("--file", type=Path, help="with report: collapsed stacks to summarize")
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--k", type=int, default=500, help="concurrent streams (500)")
+    parser.add_argument("--chunks", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=20)
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--crossbar-src", type=Path, default=None, help="profile the crossbar in this checkout"
+    )
+    args = parser.parse_args()
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(pyspy).exists():
+        raise SystemExit("profiling.py: py-spy not found; pip install py-spy")
+    if args.load == "report":
+        print(areas(args.file))
+        print()
+        print(top(args.file, args.top))
+        return
+    bench_run.check_tools()
+    settings = argparse.Namespace(
+        backlog=None,
+        workers=1,
+        probe=False,
+        gc_tune="",
+        crossbar_src=args.crossbar_src,
+        connections=64,
+        threads=2,
+        chunks=args.chunks,
+        interval=args.interval,
+    )
+    results = bench_run.HERE / "results"
+    results.mkdir(exist_ok=True)
+    raw = results / f"profile-{args.load}.txt"
+    svg = results / f"profile-{args.load}.svg"
+    with tempfile.TemporaryDirectory(prefix="crossbar-profile-") as tmp:
+        bench = bench_run.Bench(settings, Path(tmp))
+        with bench.running():
+            assert bench.crossbar is not None
+            pid = bench.crossbar.pid
+            url = bench.urls["crossbar"]
+            bench_run.run_wrk(url, 1, 64, 2)  # warm up
+            if args.load == "wrk":
+
+                def load(seconds: float) -> None:
+                    bench_run.run_wrk(url, seconds, 64, 2)
+            else:
+
+                def load(seconds: float) -> None:
+                    out = bench_run.run_streams(
+                        url, args.k, args.chunks, args.interval, duration=seconds
+                    )
+                    print(
+                        f"streams: {out['completed']}/{out['started']} completed, "
+                        f"{out['chunks']} chunks"
+                    )
+
+            worker = threading.Thread(target=load, args=(args.seconds + 2,))
+            worker.start()
+            common = ["--pid", str(pid), "--duration", f"{args.seconds:g}", "--rate"]
+            common += [str(args.rate)]
+            subprocess.run(
+                [pyspy, "record", *common, "--format", "raw", "-o", str(raw)],
+                check=True,
+                capture_output=True,
+            )
+            worker.join()
+            # A flame graph for people, from a second, shorter sampling.
+            worker = threading.Thread(target=load, args=(7,))
+            worker.start()
+            subprocess.run(
+                [pyspy, "record", "--pid", str(pid), "--duration", "5", "-o", str(svg)],
+                check=True,
+                capture_output=True,
+            )
+            worker.join()
+    print(f"wrote {raw.relative_to(bench_run.REPO)}, {svg.relative_to(bench_run.REPO)}")
+    print(areas(raw))
+    print()
+    print(top(raw, args.top))
+
+
+if __name__ == "__main__":
+    main()
