@@ -28,7 +28,7 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
-from crossbar.health import HostState
+from crossbar.health import HealthTable, HostState
 from crossbar.service import Crossbar
 from crossbar.simulator import SimulatedHost
 
@@ -274,6 +274,19 @@ async def wait_state(rig: Rig, name: str, healthy: bool, seconds: float = 5.0) -
 
 
 RigMaker = Callable[..., Awaitable[Rig]]
+
+
+async def all_polled(table: HealthTable, seconds: float = 10.0) -> None:
+    """Wait (on events, not time) until every host's first poll has ended."""
+    done: Deferred[None] = Deferred()
+
+    def check(*_: HostState) -> None:
+        if all(s.state != "unknown" for s in table.snapshot().values()) and not done.called:
+            done.callback(None)
+
+    table.on_change(check)
+    check()
+    await guard(done, seconds, "every host's first poll")
 
 
 def fast(**changes: Any) -> HostSettings:

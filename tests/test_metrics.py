@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import attrs
 import prometheus_client
@@ -13,16 +12,14 @@ import pytest
 import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
-from treq.client import HTTPClient
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
+from twisted.web.client import ResponseNeverReceived
 
-from crossbar.config import parse_config
-from crossbar.health import HealthTable, HostState
+from crossbar.config import HostSettings, RouteConfig
+from crossbar.health import HealthTable
 from crossbar.metrics import CONTENT_TYPE, Metrics
-from crossbar.service import Crossbar
 from crossbar.simulator import SimulatedHost
+from tests.support import Rig, all_polled, rigs
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 LAB_A_200 = {"route": "lab", "host": "gpu-a", "code": "200"}
@@ -112,71 +109,30 @@ def test_each_crossbar_has_its_own_registry(table: HealthTable) -> None:
 # -- end to end ---------------------------------------------------------------------------------
 
 
-@attrs.define
-class Rig:
-    crossbar: Crossbar
-    sims: dict[str, SimulatedHost]
-    client: HTTPClient
-
-    @property
-    def base(self) -> str:
-        port = self.crossbar.listener.port
-        assert port is not None
-        address: Any = port.getHost()
-        return f"http://127.0.0.1:{address.port}"
-
-    async def scrape(self) -> Samples:
-        response = await self.client.get(self.base + "/_crossbar/metrics")
-        assert response.code == 200
-        return samples(await treq.content(response))
-
-
-async def all_polled(table: HealthTable) -> None:
-    from twisted.internet import reactor
-
-    done: Deferred[None] = Deferred()
-    done.addTimeout(10, reactor)
-
-    def check(*_: HostState) -> None:
-        if all(s.state != "unknown" for s in table.snapshot().values()) and not done.called:
-            done.callback(None)
-
-    table.on_change(check)
-    check()
-    await done
-
-
 @pytest_twisted.async_yield_fixture
-async def rig(reactor: Any) -> AsyncIterator[Rig]:
+async def rig() -> AsyncIterator[Rig]:
     """gpu-a is up with m1 loaded; gpu-b answers every request with HTTP 500."""
     sims = {"gpu-a": SimulatedHost({"m1": "loaded"}), "gpu-b": SimulatedHost({"m1": "loaded"})}
     sims["gpu-b"].fault = "error"
-    for sim in sims.values():
-        await sim.listen(0, "127.0.0.1")
-    config = parse_config(
-        {
-            "listen": "tcp:0:interface=127.0.0.1",
-            "poll_interval": "60s",
-            "hosts": {name: sim.url for name, sim in sims.items()},
-            "routes": {
-                "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1"},
-                "spare": {"hosts": ["gpu-b"]},
-            },
-        }
-    )
-    crossbar = Crossbar(config, reactor)
-    crossbar.startService()
-    await all_polled(crossbar.table)
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    yield Rig(crossbar, sims, HTTPClient(Agent(reactor, pool=pool)))
-    await crossbar.stopService()
-    for sim in sims.values():
-        await sim.stop()
+    routes = {
+        "lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "m1"),
+        "spare": RouteConfig("spare", ("gpu-b",), None),
+    }
+    async with rigs() as make:
+        rig = await make(sims, routes, defaults=HostSettings(poll_interval=60.0), up=())
+        await all_polled(rig.crossbar.table)
+        yield rig
+
+
+async def scrape(rig: Rig) -> Samples:
+    response, body = await rig.get("/_crossbar/metrics")
+    assert response.code == 200
+    return samples(body)
 
 
 @pytest_twisted.ensureDeferred
 async def test_counters_move_after_proxied_requests(rig: Rig) -> None:
-    before = await rig.scrape()
+    before = await scrape(rig)
     assert value(before, "crossbar_requests_total", **LAB_A_200) is None
     assert value(before, "crossbar_host_up", host="gpu-a") == 1
     assert value(before, "crossbar_host_up", host="gpu-b") == 0
@@ -200,7 +156,7 @@ async def test_counters_move_after_proxied_requests(rig: Rig) -> None:
     assert response.code == 404
     await treq.content(response)
 
-    after = await rig.scrape()
+    after = await scrape(rig)
     assert value(after, "crossbar_requests_total", **LAB_A_200) == 2
     assert value(after, "crossbar_requests_total", route="spare", host="-", code="503") == 1
     assert value(after, "crossbar_requests_total", route="-", host="-", code="404") == 1
@@ -218,14 +174,14 @@ async def test_in_flight_is_seen_while_a_request_runs(rig: Rig) -> None:
     arrived = sim.wait_request()
     pending = rig.client.post(rig.base + "/lab/v1/chat/completions", json=HI)
     await arrived
-    assert value(await rig.scrape(), "crossbar_in_flight_requests", host="gpu-a") == 1
+    assert value(await scrape(rig), "crossbar_in_flight_requests", host="gpu-a") == 1
 
     upstream_closed = sim.wait_connection_closed()
     pending.cancel()  # the client hangs up
     with pytest.raises(ResponseNeverReceived):
         await pending
     await upstream_closed
-    after = await rig.scrape()
+    after = await scrape(rig)
     assert value(after, "crossbar_in_flight_requests", host="gpu-a") == 0
     assert value(after, "crossbar_requests_total", route="lab", host="gpu-a", code="499") == 1
     assert value(after, "crossbar_time_to_first_byte_seconds_count", route="lab", host="gpu-a") == 0

@@ -17,16 +17,15 @@ import pytest_twisted
 import treq
 from treq.client import HTTPClient
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.config import Config, parse_config
-from crossbar.health import HealthTable, HostState
+from crossbar.config import Config, HostSettings, RouteConfig, parse_config
+from crossbar.health import HealthTable
 from crossbar.metrics import Metrics
 from crossbar.service import Crossbar
 from crossbar.simulator import SimulatedHost
 from crossbar.status import StatusApp, ago
+from tests.support import all_polled, rigs
 
 T0 = 1_700_000_000.0
 T0_RFC3339 = "2023-11-14T22:13:20.000Z"
@@ -417,23 +416,6 @@ class Fleet:
         raise AssertionError(f"{name} did not become healthy={healthy}: {state}")
 
 
-async def all_polled(table: HealthTable) -> None:
-    """Wait (on events, not time) until every host's first poll has ended; fail after 10 s."""
-    from twisted.internet import reactor
-
-    done: Deferred[None] = Deferred()
-    done.addTimeout(10, reactor)
-
-    def check(*_: HostState) -> None:
-        states = table.snapshot().values()
-        if all(s.state != "unknown" for s in states) and not done.called:
-            done.callback(None)
-
-    table.on_change(check)
-    check()
-    await done
-
-
 @pytest_twisted.async_yield_fixture
 async def fleet(reactor: Any) -> AsyncIterator[Fleet]:
     """gpu-a is up with m1 loaded; gpu-b answers every request with HTTP 500."""
@@ -442,23 +424,14 @@ async def fleet(reactor: Any) -> AsyncIterator[Fleet]:
         "gpu-b": SimulatedHost({"m2": "loaded"}, reactor=reactor),
     }
     hosts["gpu-b"].fault = "error"
-    for sim in hosts.values():
-        await sim.listen(0, "127.0.0.1")
-    config = lab_config(
-        {name: sim.url for name, sim in hosts.items()},
-        {
-            "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1"},
-            "spare": {"hosts": ["gpu-b"]},
-        },
-    )
-    crossbar = Crossbar(config, reactor)
-    crossbar.startService()
-    await all_polled(crossbar.table)
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    yield Fleet(crossbar, hosts, HTTPClient(Agent(reactor, pool=pool)))
-    await crossbar.stopService()
-    for sim in hosts.values():
-        await sim.stop()
+    routes = {
+        "lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "m1"),
+        "spare": RouteConfig("spare", ("gpu-b",), None),
+    }
+    async with rigs() as make:
+        rig = await make(hosts, routes, defaults=HostSettings(poll_interval=60.0), up=())
+        await all_polled(rig.crossbar.table)
+        yield Fleet(rig.crossbar, rig.sims, rig.client)
 
 
 @pytest_twisted.ensureDeferred
