@@ -19,10 +19,13 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.iweb import IAgent, IAgentEndpointFactory
 from zope.interface import implementer
+
+from crossbar.failures import stop_producing
 
 IDLE_POOL_TIMEOUT = 3.0
 """Seconds an idle upstream connection is kept: llama-server drops them after 5 s,
@@ -64,6 +67,13 @@ class HostEndpoints:
         if uri.scheme == b"https":
             endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
         return endpoint
+
+
+class Discard(Protocol):
+    """Closes the connection of an upstream answer whose body nobody wants."""
+
+    def connectionMade(self) -> None:
+        stop_producing(self.transport)
 
 
 class _QuietClientFactory(_HTTP11ClientFactory):

@@ -27,6 +27,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
 from crossbar.config import HostSettings
+from crossbar.connect import Discard
 from crossbar.failures import describe, is_cancellation, stop_producing
 
 MAX_POLL_BODY = 1024 * 1024
@@ -251,19 +252,13 @@ class _LimitedBody(_Protocol):
 
 def read_limited(response: IResponse, limit: int) -> Deferred[bytes]:
     if response.length != 0 and isinstance(response.length, int) and response.length > limit:
-        response.deliverBody(_Discard())
+        response.deliverBody(Discard())
         return Deferred.fromCoroutine(_raise(_TooLarge(f"body larger than {limit} bytes")))
     if response.length == 0:
         return succeed(b"")
     reader = _LimitedBody(limit)
     response.deliverBody(reader)
     return reader.finished
-
-
-class _Discard(_Protocol):
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        stop_producing(self.transport)
 
 
 async def _raise(exc: Exception) -> bytes:
@@ -375,7 +370,7 @@ class Poller(Service):
                 raise CancelledError() from None
             raise PollError(f"{what}: {describe(e)}") from None
         if response.code != 200:
-            response.deliverBody(_Discard())
+            response.deliverBody(Discard())
             raise PollError(f"{what}: HTTP {response.code}")
         try:
             return await read_limited(response, MAX_POLL_BODY)

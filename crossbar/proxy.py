@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web._newclient import RequestTransmissionFailed
-from twisted.web.client import Agent, ResponseDone, ResponseNeverReceived
+from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
@@ -36,6 +36,7 @@ from twisted.web.resource import IResource, Resource
 from zope.interface import implementer
 
 from crossbar.config import Config, RouteConfig
+from crossbar.connect import Discard
 from crossbar.failures import describe, is_cancellation, stop_producing
 from crossbar.health import HealthTable
 from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
@@ -487,7 +488,7 @@ class Exchange:
         self._judge(host, response.code, now - self._attempt_started)
         request = self.request
         if self.client_gone:
-            response.deliverBody(_Discard())
+            response.deliverBody(Discard())
             return
         request.setResponseCode(response.code, response.phrase)
         out = request.responseHeaders
@@ -631,15 +632,3 @@ class Exchange:
         # Built here, logged as one field: the logger's own formatting costs more per line.
         line = f"{route} {self.host or '-'} {method} {path} {status} {seconds * 1000:.0f}ms{note}"
         log.info("{request}", request=line)
-
-
-class _Discard(protocol.Protocol):
-    """Closes an upstream answer nobody is waiting for any more."""
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        stop_producing(self.transport)
-
-
-def make_agent(reactor: Any, pool: Any, connect_timeout: float = 5.0) -> IAgent:
-    return Agent(reactor, pool=pool, connectTimeout=connect_timeout)
