@@ -158,6 +158,13 @@ class Channel(http.HTTPChannel):
 
     _deadline: IDelayedCall | None = None
     _in_body = False
+    _host: Any = None
+
+    def getHost(self) -> Any:
+        """The local address, asked of the kernel once per connection, not per request."""
+        if self._host is None:
+            self._host = super().getHost()
+        return self._host
 
     def dataReceived(self, data: bytes) -> None:
         if self._deadline is None and not self._in_body and not self._handlingRequest:
