@@ -236,16 +236,12 @@ def tiny_models(
 
 
 @dataclass
-class RouterProcess:
-    """A running ``llama-server`` in router mode."""
+class ServerProcess:
+    """A server this test run started on 127.0.0.1, with its output in a log file."""
 
     process: subprocess.Popen[bytes]
     port: int
-    models_dir: Path
     log_path: Path
-    args: list[str] = field(default_factory=list)
-    models_max: int = 2
-    extra_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -253,12 +249,29 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def log(self, lines: int = 40) -> str:
-        """The last lines of the router's combined stdout/stderr."""
+        """The last lines of its combined stdout/stderr."""
         return _tail(self.log_path, lines)
 
+    def log_text(self) -> str:
+        """Its whole log so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def stop(self) -> None:
-        """Stop the router and the model instances it started (idempotent)."""
+        """Stop it, and for a router the model instances it started (idempotent)."""
         _stop(self.process)
+
+
+@dataclass
+class RouterProcess(ServerProcess):
+    """A running ``llama-server`` in router mode."""
+
+    models_dir: Path = Path()
+    args: list[str] = field(default_factory=list)
+    models_max: int = 2
+    extra_args: tuple[str, ...] = ()
 
 
 class RouterStarter:
@@ -307,7 +320,7 @@ class RouterStarter:
                     start_new_session=True,
                 )
             router = RouterProcess(
-                process, number, models_dir, log_path, args, models_max, tuple(extra_args)
+                process, number, log_path, models_dir, args, models_max, tuple(extra_args)
             )
             self.started.append(router)
             deadline = time.monotonic() + ROUTER_READY_TIMEOUT
@@ -374,34 +387,11 @@ def module_llama_router(
 
 
 @dataclass
-class CrossbarProcess:
-    """A running crossbar (``twistd -n crossbar``)."""
+class CrossbarProcess(ServerProcess):
+    """A running crossbar (``twistd -n crossbar``; twistd logs to stdout)."""
 
-    process: subprocess.Popen[bytes]
-    port: int
-    config_path: Path
-    config: dict[str, Any]
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:40125`` (no trailing slash)."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self, lines: int = 40) -> str:
-        """The last lines of crossbar's combined stdout/stderr (twistd logs to stdout)."""
-        return _tail(self.log_path, lines)
-
-    def log_text(self) -> str:
-        """crossbar's whole log so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """Stop crossbar (idempotent)."""
-        _stop(self.process)
+    config_path: Path = Path()
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 def twistd_path() -> Path:
@@ -453,7 +443,7 @@ class CrossbarStarter:
                 cwd=REPO,
                 start_new_session=True,
             )
-        proxy = CrossbarProcess(process, port, config_path, config, log_path)
+        proxy = CrossbarProcess(process, port, log_path, config_path, config)
         self.started.append(proxy)
         deadline = time.monotonic() + CROSSBAR_READY_TIMEOUT
         while time.monotonic() < deadline and process.poll() is None:
