@@ -255,6 +255,11 @@ class _Reader:
             raise self.fail(key, f"name {value!r} must match [A-Za-z0-9._-]+")
         return value
 
+    def one_of(self, key: str, value: object, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
+        return str(value)
+
     def convert(self, key: str, parse: Any, value: object) -> Any:
         try:
             return parse(value)
@@ -319,15 +324,10 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         model = body.get("default_model")
         if model is not None and (not isinstance(model, str) or not model.strip()):
             raise r.fail(f"{key}.default_model", "must be a non-empty model name")
-        policy = body.get("policy", "priority")
-        if policy not in POLICIES:
-            raise r.fail(f"{key}.policy", f"must be one of {', '.join(POLICIES)}, not {policy!r}")
-        all_down = body.get("when_all_down", "fail")
-        if all_down not in WHEN_ALL_DOWN:
-            raise r.fail(
-                f"{key}.when_all_down",
-                f"must be one of {', '.join(WHEN_ALL_DOWN)}, not {all_down!r}",
-            )
+        policy = r.one_of(f"{key}.policy", body.get("policy", "priority"), POLICIES)
+        all_down = r.one_of(
+            f"{key}.when_all_down", body.get("when_all_down", "fail"), WHEN_ALL_DOWN
+        )
         routes[name] = RouteConfig(name, tuple(members), model, policy, all_down)
 
     listen = r.convert("listen", parse_listen, top.get("listen", 7777))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
@@ -85,6 +86,7 @@ class HealthTable:
     ) -> None:
         self._clock = clock
         self._states = {name: HostState(name=name, url=url) for name, url in hosts.items()}
+        self._view = MappingProxyType(self._states)
         default = HostSettings()
         self._settings = {name: (settings or {}).get(name, default) for name in hosts}
         self._listeners: list[Callable[[HostState, HostState], None]] = []
@@ -95,6 +97,11 @@ class HealthTable:
 
     def get(self, name: str) -> HostState | None:
         return self._states.get(name)
+
+    @property
+    def view(self) -> Mapping[str, HostState]:
+        """A live read-only view of the states: nothing copied, for the request path."""
+        return self._view
 
     def snapshot(self) -> dict[str, HostState]:
         """A new dict of the current (immutable) states."""

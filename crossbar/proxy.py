@@ -405,7 +405,7 @@ class Exchange:
         host = choose(
             route.hosts,
             self.model,
-            proxy.table.snapshot(),
+            proxy.table.view,
             policy=route.policy,
             in_flight=proxy.in_flight,
             turn=proxy.turns[route.name],

@@ -111,6 +111,22 @@ def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
         (("  gpu-b: http", "  gpu b: http"), "hosts.gpu b", "must match [A-Za-z0-9._-]+"),
         (("  opencode-a:", "  open/code:"), "routes.open/code", "must match [A-Za-z0-9._-]+"),
         (("  opencode-a:", "  _crossbar:"), "routes._crossbar", "reserved"),
+        (
+            ("    default_model", "    policy: fastest\n    default_model"),
+            "routes.opencode-a.policy",
+            "must be one of priority, round_robin, least_busy",
+        ),
+        (
+            ("    default_model", "    when_all_down: panic\n    default_model"),
+            "routes.opencode-a.when_all_down",
+            "must be one of fail, try_all",
+        ),
+        (("poll_interval: 5s", "poll_interval: 5s\nmax_fails: 0"), "max_fails", "at least 1"),
+        (
+            ("poll_interval: 5s", "poll_interval: 5s\nhealth_path: /slots"),
+            "health_path",
+            "load a model",
+        ),
     ],
 )
 def test_mistakes_name_key_and_problem(

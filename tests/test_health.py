@@ -282,6 +282,8 @@ def test_readers_cannot_change_the_table() -> None:
     rig.poll("gpu-a")
     snapshot = rig.table.snapshot()
     snapshot.pop("gpu-a")
+    with pytest.raises(TypeError):
+        rig.table.view["gpu-a"] = rig.state("gpu-a")  # type: ignore[index]
     assert rig.table.get("gpu-a") is not None
     got = rig.state("gpu-a")
     with pytest.raises(attrs.exceptions.FrozenInstanceError):

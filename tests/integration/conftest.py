@@ -235,6 +235,20 @@ def tiny_models(
 # --------------------------------------------------------------------------------------------
 
 
+def _spawn(args: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> Any:
+    """Start a server in a session of its own, its output going to ``log_path``."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
 @dataclass
 class ServerProcess:
     """A server this test run started on 127.0.0.1, with its output in a log file."""
@@ -309,16 +323,7 @@ class RouterStarter:
                 *extra_args,
             ]  # fmt: skip
             log_path = workdir / f"router-{attempt}.log"
-            with log_path.open("wb") as log:
-                process = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=workdir,
-                    start_new_session=True,
-                )
+            process = _spawn(args, log_path, env, workdir)
             router = RouterProcess(
                 process, number, log_path, models_dir, args, models_max, tuple(extra_args)
             )
@@ -433,16 +438,7 @@ class CrossbarStarter:
         ]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-                start_new_session=True,
-            )
+        process = _spawn(args, log_path, env, REPO)
         proxy = CrossbarProcess(process, port, log_path, config_path, config)
         self.started.append(proxy)
         deadline = time.monotonic() + CROSSBAR_READY_TIMEOUT
