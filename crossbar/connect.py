@@ -12,6 +12,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
@@ -42,6 +43,41 @@ def _family(host: str) -> int | None:
     return None
 
 
+def _endpoint(reactor: Any, scheme: bytes, host: str, port: int, timeout: float) -> Any:
+    family = _family(host)
+    endpoint: IStreamClientEndpoint
+    if family == socket.AF_INET:
+        endpoint = TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
+    elif family == socket.AF_INET6:
+        endpoint = TCP6ClientEndpoint(reactor, host, port, timeout=timeout)
+    else:
+        endpoint = HostnameEndpoint(reactor, host, port, timeout=timeout)
+    if scheme == b"https":
+        endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
+    return endpoint
+
+
+@attrs.frozen
+class Target:
+    """Where a host's base URL points: how to connect, and what to put in requests."""
+
+    endpoint: IStreamClientEndpoint
+    authority: bytes
+    """The ``Host`` header's value: the port only when it is not the scheme's default."""
+    path: bytes
+    """The base URL's path, prefixed to every request's."""
+
+
+def endpoint_for(reactor: Any, url: str, timeout: float) -> Target:
+    uri = URI.fromBytes(url.encode())
+    host = uri.host.decode("ascii")
+    authority = b"[%s]" % uri.host if _family(host) == socket.AF_INET6 else uri.host
+    if uri.port != {b"http": 80, b"https": 443}.get(uri.scheme):
+        authority += b":%d" % uri.port
+    endpoint = _endpoint(reactor, uri.scheme, host, uri.port, timeout)
+    return Target(endpoint, authority, uri.path)
+
+
 @implementer(IAgentEndpointFactory)
 class HostEndpoints:
     """Endpoints for URIs: direct TCP for IP addresses, a per-host connect timeout."""
@@ -54,18 +90,10 @@ class HostEndpoints:
         self._default = default
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        host = uri.host.decode("ascii")
         timeout = self._timeouts.get((uri.host, uri.port), self._default)
-        family = _family(host)
-        endpoint: IStreamClientEndpoint
-        if family == socket.AF_INET:
-            endpoint = TCP4ClientEndpoint(self._reactor, host, uri.port, timeout=timeout)
-        elif family == socket.AF_INET6:
-            endpoint = TCP6ClientEndpoint(self._reactor, host, uri.port, timeout=timeout)
-        else:
-            endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=timeout)
-        if uri.scheme == b"https":
-            endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
+        endpoint: IStreamClientEndpoint = _endpoint(
+            self._reactor, uri.scheme, uri.host.decode("ascii"), uri.port, timeout
+        )
         return endpoint
 
 

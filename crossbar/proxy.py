@@ -1,8 +1,9 @@
 """The proxy: a ``twisted.web`` resource that forwards each request to the right host
 and streams the answer back chunk by chunk.
 
-One :class:`Exchange` lives per request. It forwards with a raw ``Agent`` on a
-persistent pool (treq's cookie jar and redirects are wrong for a proxy), streams
+One :class:`Exchange` lives per request. It forwards with crossbar's own lean
+HTTP/1.1 client (:mod:`crossbar.upstream`; treq's cookie jar and redirects are
+wrong for a proxy, and Agent's layers cost a third of the CPU per request), streams
 the upstream body through a protocol given to ``Response.deliverBody``, lets the
 client's socket pause the upstream socket (backpressure), and closes the upstream
 connection as soon as the client leaves so the GPU stops generating.
@@ -15,23 +16,15 @@ from io import BytesIO
 from typing import Any, Protocol
 
 from twisted.internet import error, protocol
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
-from twisted.internet.interfaces import (
-    IConsumer,
-    IDelayedCall,
-    IPushProducer,
-    IReactorTime,
-    ITCPTransport,
-)
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, server
-from twisted.web._newclient import RequestTransmissionFailed
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from twisted.web.resource import IResource, Resource
 from zope.interface import implementer
 
@@ -40,6 +33,7 @@ from crossbar.connect import Discard
 from crossbar.failures import describe, is_cancellation, stop_producing
 from crossbar.health import HealthTable
 from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
+from crossbar.upstream import Response, Upstreams
 
 MAX_BODY = 16 * 1024 * 1024
 HEADER_DEADLINE = 30.0
@@ -61,7 +55,14 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+_NOT_FORWARDED = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"expect",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+}
 _NOT_RETURNED = HOP_BY_HOP | {b"content-length"}
 _BODYLESS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 
@@ -85,6 +86,13 @@ class ProxyObserver(Protocol):
 class _NoObserver:
     def request_done(self, *args: object) -> None:
         pass
+
+
+def _one_line(value: bytes) -> bytes:
+    """A header value that cannot end its line early (no header injection upstream)."""
+    if b"\r" in value or b"\n" in value:
+        return value.replace(b"\r", b" ").replace(b"\n", b" ")
+    return value
 
 
 def json_body(payload: dict[str, Any]) -> bytes:
@@ -213,28 +221,6 @@ class Site(server.Site):
         pass
 
 
-@implementer(IBodyProducer)
-class BytesProducer:
-    """Sends a request body that is already in memory, in one write."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(self._body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
 class RootResource(Resource):
     """Everything is proxied except the children put on it (``/_crossbar/``)."""
 
@@ -250,12 +236,12 @@ class ProxyResource(Resource):
     isLeaf = True
 
     def __init__(
-        self, config: Config, table: HealthTable, agent: IAgent, clock: IReactorTime
+        self, config: Config, table: HealthTable, upstreams: Upstreams, clock: IReactorTime
     ) -> None:
         super().__init__()
         self.config = config
         self.table = table
-        self.agent = agent
+        self.upstreams = upstreams
         self.clock = clock
         self.observer: ProxyObserver = _NoObserver()
         self.in_flight: dict[str, int] = dict.fromkeys(config.hosts, 0)
@@ -269,12 +255,7 @@ class ProxyResource(Resource):
         return server.NOT_DONE_YET
 
 
-_RETRYABLE = (
-    error.ConnectError,
-    error.DNSLookupError,
-    ResponseNeverReceived,
-    RequestTransmissionFailed,
-)
+_RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 """Failures that happen before any answer: the request can be tried on another host."""
 
 
@@ -330,12 +311,6 @@ class _StreamBody(protocol.Protocol):
             self._timer = None
 
 
-def _header_timeout(result: object, timeout: float) -> Failure:
-    """Agent reports its cancellation wrapped (``ResponseNeverReceived``), which
-    ``addTimeout`` would not recognise as a timeout: say it plainly."""
-    return Failure(DeferredTimeout(timeout, "no status line"))
-
-
 class Exchange:
     """One client request, and its upstream request (tried on more hosts if need be)."""
 
@@ -353,11 +328,11 @@ class Exchange:
         self.sent = 0
         self.first_byte: float | None = None
         self._url_rest = b""
-        self._headers: Headers | None = None
-        self._forward_body = b""
+        self._headers = b""
+        self._forward_body: bytes | None = None
         self._attempt_started = 0.0
         self._counted: str | None = None
-        self._pending: Deferred[IResponse] | None = None
+        self._pending: Deferred[Response] | None = None
         self._body: _StreamBody | None = None
         self._timed_out = False
         self._cut_off = False
@@ -394,7 +369,8 @@ class Exchange:
                 self.model = peek.model
             elif peek.missing and route.default_model is not None:
                 body = with_model(body, route.default_model)
-        self._forward_body = body
+        if body or request.method not in _BODYLESS:
+            self._forward_body = body
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
         self._headers = self._upstream_headers()
 
@@ -440,18 +416,12 @@ class Exchange:
         self.tried.append(host)
         self._count(host)
         proxy = self.proxy
-        request = self.request
-        assert request.method is not None
-        producer = None
-        if self._forward_body or request.method not in _BODYLESS:
-            producer = BytesProducer(self._forward_body)
-        url = proxy.config.hosts[host].url.encode() + self._url_rest
+        method = self.request.method
+        assert method is not None
         self._attempt_started = proxy.clock.seconds()
-        d = proxy.agent.request(request.method, url, self._headers, producer)
+        d = proxy.upstreams.request(host, method, self._url_rest, self._headers, self._forward_body)
         self._pending = d
-        d.addTimeout(
-            proxy.settings[host].header_timeout, proxy.clock, onTimeoutCancel=_header_timeout
-        )
+        d.addTimeout(proxy.settings[host].header_timeout, proxy.clock)
         d.addCallbacks(self._got_response, self._upstream_failed)
         d.addErrback(self._crashed)
 
@@ -464,28 +434,30 @@ class Exchange:
             in_flight[host] += 1
         self._counted = host
 
-    def _upstream_headers(self) -> Headers:
-        incoming = self.request.requestHeaders
-        drop = set(_NOT_FORWARDED)
-        for value in incoming.getRawHeaders(b"connection", []):
-            drop.update(token.strip().lower() for token in value.split(b","))
-        headers = Headers()
+    def _upstream_headers(self) -> bytes:
+        """The client's headers as lines for the host: hop-by-hop ones dropped, and the
+        ``X-Forwarded-*`` set by crossbar (the client's own are extended or replaced)."""
+        request = self.request
+        incoming = request.requestHeaders
+        drop = _NOT_FORWARDED
+        for value in incoming.getRawHeaders(b"connection", ()):
+            drop = drop | {token.strip().lower() for token in value.split(b",")}
+        lines = []
         for name, values in incoming.getAllRawHeaders():
             if name.lower() not in drop:
-                headers.setRawHeaders(name, values)
-        client = getattr(self.request.getClientAddress(), "host", None) or "unknown"
-        forwarded = incoming.getRawHeaders(b"x-forwarded-for", [])
-        chain = b", ".join([*forwarded, client.encode()])
-        headers.setRawHeaders(b"x-forwarded-for", [chain])
-        headers.setRawHeaders(
-            b"x-forwarded-proto", [b"https" if self.request.isSecure() else b"http"]
-        )
+                for value in values:
+                    lines.append(b"%s: %s\r\n" % (name, _one_line(value)))
+        client = getattr(request.getClientAddress(), "host", None) or "unknown"
+        forwarded = [*incoming.getRawHeaders(b"x-forwarded-for", ()), client.encode()]
+        lines.append(b"X-Forwarded-For: %s\r\n" % _one_line(b", ".join(forwarded)))
+        proto = b"https" if request.isSecure() else b"http"
+        lines.append(b"X-Forwarded-Proto: %s\r\n" % proto)
         host_header = incoming.getRawHeaders(b"host")
         if host_header:
-            headers.setRawHeaders(b"x-forwarded-host", host_header[:1])
-        return headers
+            lines.append(b"X-Forwarded-Host: %s\r\n" % _one_line(host_header[0]))
+        return b"".join(lines)
 
-    def _got_response(self, response: IResponse) -> None:
+    def _got_response(self, response: Response) -> None:
         self._pending = None
         proxy = self.proxy
         host = self.host
@@ -500,9 +472,16 @@ class Exchange:
         request.setResponseCode(response.code, response.phrase)
         out = request.responseHeaders
         out.removeHeader(b"server")
-        for name, values in response.headers.getAllRawHeaders():
-            if name.lower() not in _NOT_RETURNED:
-                out.setRawHeaders(name, values)
+        seen = set()
+        for name, value in response.headers:
+            lower = name.lower()
+            if lower in _NOT_RETURNED:
+                continue
+            if lower in seen:
+                out.addRawHeader(name, value)
+            else:  # replaces twisted.web's defaults (Content-Type, Date)
+                seen.add(lower)
+                out.setRawHeaders(name, [value])
         if isinstance(response.length, int):
             out.setRawHeaders(b"content-length", [b"%d" % response.length])
         out.setRawHeaders(b"x-crossbar-host", [host.encode()])
@@ -619,8 +598,6 @@ class Exchange:
             self.client_gone = True
             note = " (client left)"
             if self._pending is not None:
-                # Cancel even if the Deferred looks called: after the pool hands over a
-                # connection it waits on an inner Deferred, and cancel reaches that.
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()

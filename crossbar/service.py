@@ -25,6 +25,7 @@ from crossbar.health import HealthTable, Poller, log_transition
 from crossbar.metrics import Metrics, merge_workers
 from crossbar.proxy import ProxyResource, RootResource, Site
 from crossbar.status import StatusApp
+from crossbar.upstream import Upstreams
 from crossbar.workers import ReusePortEndpoint, WorkerInfo, peer_ports
 
 log = Logger()
@@ -68,12 +69,13 @@ class Listener(Service):
 class _ClosePools(Service):
     """Drops kept-alive upstream connections when crossbar stops."""
 
-    def __init__(self, *pools: HTTPConnectionPool) -> None:
-        self._pools = pools
+    def __init__(self, polls: HTTPConnectionPool, upstreams: Upstreams) -> None:
+        self._polls = polls
+        self._upstreams = upstreams
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
-        return DeferredList([pool.closeCachedConnections() for pool in self._pools])
+        return DeferredList([self._polls.closeCachedConnections(), self._upstreams.close()])
 
 
 class Crossbar(MultiService):
@@ -92,10 +94,9 @@ class Crossbar(MultiService):
         poll_timeouts = {name: s.poll_timeout for name, s in settings.items()}
         poll_client = self._client = HTTPClient(make_agent(reactor, poll_pool, urls, poll_timeouts))
         self.poller = Poller(self.table, poll_client, reactor, settings)
-        proxy_pool = make_pool(reactor, per_host=64)
         connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
-        agent = make_agent(reactor, proxy_pool, urls, connect_timeouts)
-        self.proxy = ProxyResource(config, self.table, agent, reactor)
+        upstreams = Upstreams(reactor, urls, connect_timeouts, max_idle=64)
+        self.proxy = ProxyResource(config, self.table, upstreams, reactor)
         self.metrics = Metrics(self.table, self.proxy)
         self.proxy.observer = self.metrics
         self.status = StatusApp(config, self.table, self.proxy, self.metrics, reactor)
@@ -105,7 +106,7 @@ class Crossbar(MultiService):
         root.putChild(b"_crossbar", status_root)
         self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT, parsePOSTFormSubmission=False)
 
-        _ClosePools(poll_pool, proxy_pool).setServiceParent(self)
+        _ClosePools(poll_pool, upstreams).setServiceParent(self)
         self.poller.setServiceParent(self)
         if worker is None:
             endpoint = serverFromString(reactor, config.listen)
