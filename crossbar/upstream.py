@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 from twisted.internet import error
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IPushProducer, IStreamClientEndpoint
+from twisted.internet.interfaces import IPushProducer, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
@@ -424,8 +424,9 @@ class Upstreams:
         connect_timeouts: Mapping[str, float],
         max_idle: int = 64,
         idle_timeout: float = IDLE_TIMEOUT,
+        clock: IReactorTime | None = None,
     ) -> None:
-        self._reactor = reactor
+        self._clock: IReactorTime = clock or reactor
         self._max_idle = max_idle
         self._idle_timeout = idle_timeout
         self._endpoints: dict[str, IStreamClientEndpoint] = {}
@@ -470,7 +471,7 @@ class Upstreams:
         if not idle:
             return None
         connection = idle.pop()
-        if connection.idle_since <= self._reactor.seconds() - self._idle_timeout:
+        if connection.idle_since <= self._clock.seconds() - self._idle_timeout:
             # Stale, and so is everything older beneath it.
             idle.append(connection)
             self._expire(host, len(idle))
@@ -486,10 +487,10 @@ class Upstreams:
         if len(idle) >= self._max_idle or self._closed:
             connection.abort()
             return
-        connection.idle_since = self._reactor.seconds()
+        connection.idle_since = self._clock.seconds()
         idle.append(connection)
         if self._sweep is None:
-            self._sweep = self._reactor.callLater(self._idle_timeout, self._swept)
+            self._sweep = self._clock.callLater(self._idle_timeout, self._swept)
 
     def forget(self, connection: _Connection) -> None:
         idle = self._idle[connection.host]
@@ -498,7 +499,7 @@ class Upstreams:
 
     def _swept(self) -> None:
         self._sweep = None
-        deadline = self._reactor.seconds() - self._idle_timeout
+        deadline = self._clock.seconds() - self._idle_timeout
         oldest = None
         for host, idle in self._idle.items():
             stale = sum(1 for c in idle if c.idle_since <= deadline)
@@ -506,8 +507,8 @@ class Upstreams:
             if idle and (oldest is None or idle[0].idle_since < oldest):
                 oldest = idle[0].idle_since
         if oldest is not None:
-            delay = max(oldest + self._idle_timeout - self._reactor.seconds(), 0.01)
-            self._sweep = self._reactor.callLater(delay, self._swept)
+            delay = max(oldest + self._idle_timeout - self._clock.seconds(), 0.01)
+            self._sweep = self._clock.callLater(delay, self._swept)
 
     def _expire(self, host: str, count: int) -> list[Deferred[None]]:
         idle = self._idle[host]
