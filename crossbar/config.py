@@ -227,6 +227,9 @@ def parse_listen(value: object) -> str:
     match = re.search(r"^tcp6?:(?:port=)?(\d+)", value)
     if match and not 0 <= int(match.group(1)) <= 65535:
         raise ValueError(f"port must be 1-65535 in {value!r}")
+    if match and "backlog=" not in value:
+        # Twisted's default of 50 drops connections in a burst (retried only after 1 s).
+        value += f":backlog={LISTEN_BACKLOG}"
     return value
 
 

@@ -34,6 +34,7 @@ from crossbar.failures import describe, is_cancellation, stop_producing
 from crossbar.health import HealthTable
 from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
 from crossbar.upstream import Response, Upstreams
+from crossbar.writing import direct, write_now
 
 MAX_BODY = 16 * 1024 * 1024
 HEADER_DEADLINE = 30.0
@@ -167,6 +168,17 @@ class Channel(http.HTTPChannel):
     _deadline: IDelayedCall | None = None
     _in_body = False
     _host: Any = None
+    _direct: Any = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._direct = direct(self.transport)
+
+    def write(self, data: bytes) -> None:
+        write_now(self._direct, self.transport, data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        self.write(b"".join(iovec))
 
     def getHost(self) -> Any:
         """The local address, asked of the kernel once per connection, not per request."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from twisted.internet import error
+from twisted.internet import error, tcp
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IPushProducer, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
@@ -28,6 +28,7 @@ from twisted.web.http import PotentialDataLoss, _ChunkedTransferDecoder
 from zope.interface import implementer
 
 from crossbar.connect import endpoint_for
+from crossbar.writing import direct, write_now
 
 IDLE_TIMEOUT = 3.0
 """Seconds an idle connection is kept: llama-server drops them after 5 s, and a
@@ -103,6 +104,10 @@ class _Connection(Protocol):
         self._ended: Failure | None = None
         self._paused = False
         self._on_closed: list[Deferred[None]] = []
+        self._direct: tcp.Connection | None = None
+
+    def connectionMade(self) -> None:
+        self._direct = direct(self.transport)
 
     # -- the request --------------------------------------------------------------------------
 
@@ -112,8 +117,7 @@ class _Connection(Protocol):
         self._head_only = head_only
         self._buffer = b""
         self._got_bytes = False
-        assert self.transport is not None
-        self.transport.write(data)
+        write_now(self._direct, self.transport, data)
 
     def cancel(self) -> None:
         """The caller gave up before the status line: the connection cannot be reused."""
