@@ -9,7 +9,8 @@ through crossbar, alternating, for several rounds:
 
 - non-streaming: ``wrk`` POSTs a small chat completion (``benchmarks/post.lua``) on 64
   connections;
-- streaming: ``benchmarks/stream_client.js`` opens K = 1, 100, 500 concurrent SSE streams.
+- streaming: ``benchmarks/stream_client.js`` opens K = 1, 100, 500 concurrent SSE streams at
+  once, and K = 500 "staggered": one after another over the length of a stream.
 
 crossbar's CPU time is read from ``/proc/<pid>/stat`` (utime + stime) before and after each
 phase through it and divided by the requests or chunks delivered: unlike req/s, that figure
@@ -220,9 +221,13 @@ def run_wrk(url: str, seconds: float, connections: int, threads_: int) -> dict[s
     raise SystemExit(f"run.py: no result from wrk:\n{out}")
 
 
-def run_streams(url: str, k: int, chunks: int, interval: float, duration: float = 0) -> Any:
+def run_streams(
+    url: str, k: int, chunks: int, interval: float, duration: float = 0, ramp: float = 0
+) -> Any:
     cmd = ["node", str(HERE / "stream_client.js"), "--url", url]
     cmd += ["--streams", str(k), "--chunks", str(chunks), "--interval", f"{interval:g}"]
+    if ramp:
+        cmd += ["--ramp", f"{ramp:g}"]
     if duration:
         cmd += ["--duration", f"{duration:g}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -310,7 +315,10 @@ class Bench:
         if workload == "wrk":
             result = run_wrk(url, self.args.seconds, self.args.connections, self.args.threads)
         else:
-            result = run_streams(url, load["k"], self.args.chunks, self.args.interval)
+            k, staggered = stream_load(load["load"])
+            ramp = self.args.chunks * self.args.interval if staggered else 0
+            result = run_streams(url, k, self.args.chunks, self.args.interval, ramp=ramp)
+            result["load"] = load["load"]
         after = (cpu_ticks(cb), cpu_ns(cb), cpu_ticks(up), self.upstream_stats())
         result.update(
             mode=mode,
@@ -336,7 +344,12 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(phases: list[dict[str, Any]], streams: list[int]) -> dict[str, Any]:
+def stream_load(spec: str) -> tuple[int, bool]:
+    """``"500"``: 500 streams opened at once; ``"500s"``: staggered over one stream's length."""
+    return int(spec.rstrip("s")), spec.endswith("s")
+
+
+def summarize(phases: list[dict[str, Any]], streams: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"wrk": {}, "streams": {}}
     for mode in ("direct", "crossbar"):
         runs = [p for p in phases if p["workload"] == "wrk" and p["mode"] == mode]
@@ -371,7 +384,7 @@ def summarize(phases: list[dict[str, Any]], streams: list[int]) -> dict[str, Any
             runs = [
                 p
                 for p in phases
-                if p["workload"] == "streams" and p["mode"] == mode and p["streams"] == k
+                if p["workload"] == "streams" and p["mode"] == mode and p["load"] == k
             ]
             if not runs:
                 continue
@@ -396,7 +409,7 @@ def summarize(phases: list[dict[str, Any]], streams: list[int]) -> dict[str, Any
                 "upstream_connections": sum(r["upstream_connections"] for r in runs),
                 "crossbar_peak_rss_kb": max(r["crossbar_peak_rss_kb"] for r in runs),
             }
-        out["streams"][str(k)] = per_k
+        out["streams"][k] = per_k
     return out
 
 
@@ -434,8 +447,9 @@ def print_tables(summary: dict[str, Any], args: argparse.Namespace) -> None:
         for mode, s in per_k.items():
             cpu = s["crossbar_cpu_us_per_chunk"] if mode == "crossbar" else None
             rss = s["crossbar_peak_rss_kb"] / 1024 if mode == "crossbar" else None
+            label = f"{stream_load(k)[0]} staggered" if stream_load(k)[1] else k
             print(
-                f"| {k} | {mode} | {s['completed']}/{s['started']} "
+                f"| {label} | {mode} | {s['completed']}/{s['started']} "
                 f"| {_fmt(s['ttfc_p50_ms'], '.1f')} | {_fmt(s['ttfc_p99_ms'], '.1f')} "
                 f"| {_fmt(s['delay_p50_ms'], '.2f')} | {_fmt(s['delay_p99_ms'], '.2f')} "
                 f"| {_fmt(cpu, '.1f')} | {s['upstream_connections']} | {_fmt(rss, '.1f')} |"
@@ -512,11 +526,11 @@ def benchmark(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
             bench.settle()
         for k in streams:
             for mode in order:
-                p = bench.phase(mode, "streams", k=k)
+                p = bench.phase(mode, "streams", load=k)
                 p["round"] = rnd
                 phases.append(p)
                 print(
-                    f"round {rnd + 1} K={k:<4} {mode:8} {p['completed']}/{p['started']} streams"
+                    f"round {rnd + 1} K={k:<5} {mode:8} {p['completed']}/{p['started']} streams"
                     f"  TTFC p50 {_fmt(p['ttfc_ms']['p50'], '.1f')} ms"
                     f"  crossbar CPU {p['crossbar_cpu_ms']:5.0f} ms",
                     flush=True,
@@ -589,7 +603,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64, help="wrk connections (64)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
     parser.add_argument(
-        "--streams", default="1,100,500", help="concurrent stream counts K (1,100,500)"
+        "--streams",
+        default="1,100,500,500s",
+        help="concurrent stream counts K; 's' staggers their start (1,100,500,500s)",
     )
     parser.add_argument("--chunks", type=int, default=50, help="chunks per stream (50)")
     parser.add_argument("--interval", type=float, default=20, help="ms between chunks (20)")
@@ -633,7 +649,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 3
-    args.streams = [int(k) for k in str(args.streams).split(",") if k.strip()]
+    args.streams = [k.strip() for k in str(args.streams).split(",") if k.strip()]
     check_tools()
 
     started = dt.datetime.now().astimezone()

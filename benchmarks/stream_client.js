@@ -2,12 +2,14 @@
 // The streaming load for the crossbar benchmark: K concurrent SSE streams, no dependencies.
 //
 //   node benchmarks/stream_client.js --url URL [--streams K] [--chunks N] [--interval MS]
-//                                    [--duration S] [--timeout S]
+//                                    [--ramp MS] [--duration S] [--timeout S]
 //
 // URL is a chat completions URL, e.g. http://127.0.0.1:8089/v1/chat/completions (direct)
 // or http://127.0.0.1:7777/bench/v1/chat/completions (through crossbar). All K streams are
-// opened at once, each on its own connection. With --duration, every stream that ends is
-// replaced by a new one until S seconds have passed (the soak load).
+// opened at once, each on its own connection; with --ramp, stream i is opened i * MS / K ms
+// after the first (with MS the length of one stream, streams arrive one after another the
+// way agents' requests do, and K are open together at the peak). With --duration, every
+// stream that ends is replaced by a new one until S seconds have passed (the soak load).
 //
 // Per stream it records the time to first chunk (from sending the request to the first
 // SSE event) and, per chunk, the added delay: the receive time minus the send time the
@@ -19,7 +21,15 @@
 const http = require("http");
 
 function parseArgs(argv) {
-  const args = { streams: 1, chunks: 50, interval: 20, duration: 0, timeout: 120, url: "" };
+  const args = {
+    streams: 1,
+    chunks: 50,
+    interval: 20,
+    ramp: 0,
+    duration: 0,
+    timeout: 120,
+    url: "",
+  };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, "");
     const value = argv[i + 1];
@@ -161,6 +171,7 @@ function report() {
     streams: args.streams,
     chunks_per_stream: args.chunks,
     interval_ms: args.interval,
+    ramp_ms: args.ramp,
     started,
     completed,
     failed,
@@ -186,4 +197,7 @@ const guard = setTimeout(
   (args.timeout + args.duration) * 1000,
 );
 
-for (let i = 0; i < args.streams; i++) openStream();
+for (let i = 0; i < args.streams; i++) {
+  if (args.ramp > 0) setTimeout(openStream, (i * args.ramp) / args.streams);
+  else openStream();
+}
