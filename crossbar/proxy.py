@@ -113,6 +113,16 @@ class ProxyRequest(server.Request):
     _buffer: BytesIO
     _linger: Any = None
 
+    def write(self, data: bytes) -> None:
+        """Frame a chunk of a streamed answer in one piece; the first write (headers,
+        and the choice of framing) and every unusual case stay twisted.web's."""
+        if self.chunked and self.startedWriting and not self.finished and data:
+            if not self._disconnected:
+                self.sentLength += len(data)
+                self.channel.write(b"%x\r\n%s\r\n" % (len(data), data))
+            return
+        super().write(data)
+
     def gotLength(self, length: int | None) -> None:
         self.content = self._buffer = BytesIO()
         if length is not None and length > MAX_BODY:

@@ -5,8 +5,8 @@ Twisted's ``Agent`` does the same through layers a proxy does not need and that
 cost about a third of crossbar's CPU per request: a URL parsed for every request, a
 chain of Deferreds to write a body already in memory, a line-by-line response
 parser, a pause and a resume of every pooled connection. Here the request goes out
-in one ``write``, the status line and headers are parsed in one pass, and bodies are
-framed by Twisted's own chunked decoder. The failures are Twisted's
+in one ``write``, the status line and headers are parsed in one pass, and chunked bodies
+are sliced out of the bytes as they arrive. The failures are Twisted's
 (``ResponseNeverReceived`` before the status line, ``ResponseFailed`` in the body,
 ``ResponseDone`` at the end), so the proxy reads them as it would an Agent's.
 """
@@ -24,7 +24,7 @@ from twisted.internet.interfaces import IPushProducer, IReactorTime, IStreamClie
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
-from twisted.web.http import PotentialDataLoss, _ChunkedTransferDecoder
+from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
 from crossbar.connect import endpoint_for
@@ -79,6 +79,77 @@ class _BodyControl:
         self._connection.abort()
 
 
+_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,15})[ \t]*(?:;[^\r\n]*)?\Z")
+MAX_SIZE_LINE = 1024
+MAX_TRAILERS = 64 * 1024
+_SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
+
+
+class _Chunked:
+    """Decodes a chunked body (RFC 9112, 7.1) as it arrives.
+
+    Each call slices the chunks out of the bytes received; nothing is copied into a
+    buffer unless a size line or a chunk's closing CRLF is split across reads. Trailers
+    are read and dropped. Raises :class:`BadAnswer` on framing that is not chunked.
+    """
+
+    def __init__(self, deliver: Any, finished: Any) -> None:
+        self._deliver = deliver
+        self._finished = finished
+        self._state = _SIZE
+        self._left = 0
+        self._rest = b""
+        self._trailers = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._rest:
+            data, self._rest = self._rest + data, b""
+        pos, end = 0, len(data)
+        while pos < end:
+            state = self._state
+            if state == _DATA:
+                take = min(self._left, end - pos)
+                self._left -= take
+                if self._left == 0:
+                    self._state = _CRLF
+                self._deliver(data if take == end else data[pos : pos + take])
+                pos += take
+            elif state in (_SIZE, _TRAILER):
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    if end - pos > MAX_SIZE_LINE and state == _SIZE:
+                        raise BadAnswer("chunk size line too long")
+                    break
+                if state == _TRAILER:
+                    if eol == pos:
+                        self._state = _DONE
+                        self._finished(data[pos + 2 :])
+                        return
+                    self._trailers += eol + 2 - pos
+                    if self._trailers > MAX_TRAILERS:
+                        raise BadAnswer("trailers too long")
+                else:
+                    match = _SIZE_LINE.match(data, pos, eol) if eol - pos <= MAX_SIZE_LINE else None
+                    if match is None:
+                        raise BadAnswer("bad chunk size")
+                    self._left = int(match.group(1), 16)
+                    self._state = _DATA if self._left else _TRAILER
+                pos = eol + 2
+            elif state == _CRLF:
+                if end - pos < 2:
+                    break
+                if data[pos : pos + 2] != b"\r\n":
+                    raise BadAnswer("chunk not followed by CRLF")
+                self._state = _SIZE
+                pos += 2
+            else:
+                raise BadAnswer("bytes after the last chunk")
+        if pos < end:
+            self._rest = data[pos:]
+            if self._state == _TRAILER and len(self._rest) + self._trailers > MAX_TRAILERS:
+                raise BadAnswer("trailers too long")
+
+
 _IDLE, _HEAD, _BODY, _CLOSED = range(4)
 
 
@@ -97,7 +168,7 @@ class _Connection(Protocol):
         self._got_bytes = False
         # The body: framing, where it goes, and how it ended.
         self._remaining = -1  # Content-Length bytes still to come; -1 when not so framed
-        self._chunks: _ChunkedTransferDecoder | None = None
+        self._chunks: _Chunked | None = None
         self._keep_alive = False
         self._protocol: Protocol | None = None
         self._early: list[bytes] = []
@@ -141,7 +212,7 @@ class _Connection(Protocol):
         while self.state == _HEAD:
             buffer = self._buffer
             end = buffer.find(b"\r\n\r\n")
-            if end < 0:
+            if end < 0 or end > MAX_HEAD:
                 if len(buffer) > MAX_HEAD:
                     self._fail_head(BadAnswer("status line and headers too long"))
                 return
@@ -160,7 +231,7 @@ class _Connection(Protocol):
             if call is not None:
                 call.answered(response)
             if self._remaining == 0:
-                self._finished(b"")
+                self._finished(rest)
             elif rest and self.state == _BODY:
                 self._body_bytes(rest)
 
@@ -214,7 +285,7 @@ class _Connection(Protocol):
             self._remaining = 0
         elif chunked:
             length = None
-            self._chunks = _ChunkedTransferDecoder(self._deliver, self._finished)
+            self._chunks = _Chunked(self._deliver, self._finished)
         elif length is not None:
             self._remaining = length
         else:
@@ -227,9 +298,9 @@ class _Connection(Protocol):
     def _body_bytes(self, data: bytes) -> None:
         if self._chunks is not None:
             try:
-                self._chunks.dataReceived(data)
-            except Exception as e:  # _MalformedChunkedDataError
-                self._end(Failure(ResponseFailed([Failure(BadAnswer(str(e)))])))
+                self._chunks.feed(data)
+            except BadAnswer as e:
+                self._end(Failure(ResponseFailed([Failure(e)])))
                 self.abort()
         elif self._remaining < 0:
             self._deliver(data)
@@ -243,6 +314,8 @@ class _Connection(Protocol):
             self._finished(rest)
 
     def _deliver(self, data: bytes) -> None:
+        if self.state != _BODY:
+            return  # stopped by the reader, in the middle of bytes already read
         protocol = self._protocol
         if protocol is not None:
             protocol.dataReceived(data)
@@ -362,6 +435,7 @@ class _Call:
         self._connecting: Deferred[_Connection] | None = None
         self._connection: _Connection | None = None
         self._retried = False
+        self._cancelled = False
 
     def start(self) -> None:
         connection = self.pool.take(self.host)
@@ -384,7 +458,7 @@ class _Call:
 
     def fail(self, reason: Failure) -> None:
         self._connecting = self._connection = None
-        if not self.result.called:
+        if not self.result.called and not self._cancelled:
             self.result.errback(reason)
 
     def _send(self, connection: _Connection) -> None:
@@ -407,6 +481,9 @@ class _Call:
         self.result.errback(Failure(ResponseNeverReceived([reason])))
 
     def _cancel(self, result: Deferred[Response]) -> None:
+        # The result fails with CancelledError (which addTimeout turns into a timeout),
+        # not with whatever cancelling the connection attempt reports.
+        self._cancelled = True
         if self._connecting is not None:
             self._connecting.cancel()
         if self._connection is not None:
