@@ -1,9 +1,11 @@
-"""How crossbar connects to its hosts: endpoints per host, and connection pools.
+"""How crossbar connects to its hosts: endpoints per host, and the poller's Agent.
 
-Twisted's default ``Agent`` resolves the host name in a thread for every new
+Twisted's default endpoints resolve the host name in a thread for every new
 connection, even for an IP address; llama-server routers close the connection
 after every completion, so that cost would be paid on nearly every request. Here
 an IP address is connected to directly, and each host gets its own connect timeout.
+The proxy's requests use these endpoints through :mod:`crossbar.upstream`; the health
+poller uses treq over an ``Agent`` built here.
 """
 
 from __future__ import annotations

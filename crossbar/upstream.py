@@ -27,12 +27,9 @@ from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceiv
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
-from crossbar.connect import endpoint_for
+from crossbar.connect import IDLE_POOL_TIMEOUT, endpoint_for
 from crossbar.writing import direct, write_now
 
-IDLE_TIMEOUT = 3.0
-"""Seconds an idle connection is kept: llama-server drops them after 5 s, and a
-request sent on a connection the server is closing would fail."""
 MAX_HEAD = 64 * 1024
 """Largest status line and headers accepted from a host."""
 
@@ -504,7 +501,7 @@ class Upstreams:
         urls: Mapping[str, str],
         connect_timeouts: Mapping[str, float],
         max_idle: int = 64,
-        idle_timeout: float = IDLE_TIMEOUT,
+        idle_timeout: float = IDLE_POOL_TIMEOUT,
         clock: IReactorTime | None = None,
     ) -> None:
         self._clock: IReactorTime = clock or reactor

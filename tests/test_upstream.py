@@ -17,6 +17,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import error
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, DeferredQueue
+from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
@@ -40,7 +41,7 @@ def _reactor() -> Any:
     return reactor
 
 
-async def guard(d: Deferred[T], seconds: float = 2.0) -> T:
+async def guard(d: Deferred[T], seconds: float = 1.0) -> T:
     """Await ``d``; a missing event fails the test instead of hanging it."""
     d.addTimeout(seconds, _reactor())
     return await d
@@ -206,12 +207,15 @@ class Body(Protocol):
 
     def __init__(self) -> None:
         self.data = b""
+        self.received: list[bytes] = []
+        """Each ``dataReceived``."""
         self.pieces: DeferredQueue[bytes] = DeferredQueue()
         self.reasons: list[Failure] = []
         self._done: Deferred[None] = Deferred()
 
     def dataReceived(self, data: bytes) -> None:
         self.data += data
+        self.received.append(data)
         self.pieces.put(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
@@ -230,6 +234,18 @@ class Body(Protocol):
         return self.reasons[0]
 
 
+async def finish(d: Deferred[Response]) -> tuple[Response, Body, Failure]:
+    """The answer, its whole body, and how that body ended.
+
+    A request fires inside the client's ``dataReceived``, before the rest of that read
+    is handled: only once the body has ended is its connection back in the pool.
+    """
+    response = await guard(d)
+    reader = Body()
+    response.deliverBody(reader)
+    return response, reader, await reader.ended()
+
+
 async def fetch(
     pool: Upstreams,
     method: bytes = b"GET",
@@ -237,11 +253,8 @@ async def fetch(
     headers: bytes = b"",
     body: bytes | None = None,
 ) -> tuple[Response, Body, Failure]:
-    """A whole request: the answer, its body, and how that body ended."""
-    response = await guard(pool.request(H, method, path, headers, body))
-    reader = Body()
-    response.deliverBody(reader)
-    return response, reader, await reader.ended()
+    """A whole request to the pool's host."""
+    return await finish(pool.request(H, method, path, headers, body))
 
 
 # -- the request on the wire --------------------------------------------------------------------
@@ -285,12 +298,8 @@ async def test_request_is_sent_byte_for_byte_in_one_piece(rig: Rig) -> None:
     headers = b"Content-Type: application/json\r\nX-Trace:  a b \r\n"
     body = b'{"model": "tiny", "prompt": "h\xc3\xa9"}'
     for name in ("based", "bare"):
-        d = pool.request(name, b"POST", b"/v1/completions?x=1", headers, body)
-        response = await guard(d)
-        response.deliverBody(Body())
-        d = pool.request(name, b"GET", b"/v1/models", b"Accept: */*\r\n", None)
-        response = await guard(d)
-        response.deliverBody(Body())
+        await finish(pool.request(name, b"POST", b"/v1/completions?x=1", headers, body))
+        await finish(pool.request(name, b"GET", b"/v1/models", b"Accept: */*\r\n", None))
     authority = b"127.0.0.1:%d" % host.number
     post = (
         b"POST /base/v1/completions?x=1 HTTP/1.1\r\nHost: "
@@ -373,7 +382,7 @@ async def test_chunked_answer_is_delivered_chunk_by_chunk(rig: Rig) -> None:
     for piece in [b"data: 1\n\n", b"data: 22\n\n", b"data: 333\n\n"]:
         connection.write(b"%x\r\n%s\r\n" % (len(piece), piece))
         assert await guard(reader.pieces.get()) == piece
-    connection.write(b"b\r\ndata:")
+    connection.write(b"9\r\ndata:")
     assert await guard(reader.pieces.get()) == b"data:"
     connection.write(b" 4\n\n\r\n")
     assert await guard(reader.pieces.get()) == b" 4\n\n"
@@ -384,7 +393,48 @@ async def test_chunked_answer_is_delivered_chunk_by_chunk(rig: Rig) -> None:
     again, _ = await host.next()
     assert again is connection
     again.write(OK)
-    (await guard(d)).deliverBody(Body())
+    await finish(d)
+
+
+CHUNKED = (
+    b"4;name=value\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n"
+    b"0\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n"
+)
+
+
+async def trickle(connection: HostConnection, data: bytes) -> None:
+    """Write ``data`` a byte at a time, letting the reactor turn between bytes."""
+    for i in range(len(data)):
+        connection.write(data[i : i + 1])
+        await deferLater(_reactor(), 0, lambda: None)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["at once", "byte by byte"])
+@pytest_twisted.ensureDeferred
+async def test_chunked_framing_extensions_trailers_and_splits(rig: Rig, split: bool) -> None:
+    """Chunk extensions, upper-case sizes and trailers are valid chunked framing, wherever
+    the reads split it (a size line, a chunk's CRLF, the trailers); the body is decoded
+    whole and the next answer on the connection is read from its first byte."""
+    host = rig.host()
+    pool = rig.upstreams(host.url)
+    d = pool.request(H, b"GET", b"/", b"", None)
+    connection, _ = await host.next()
+    connection.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    response = await guard(d)
+    reader = Body()
+    response.deliverBody(reader)
+    if split:
+        await trickle(connection, CHUNKED)
+    else:
+        connection.write(CHUNKED)
+    assert (await reader.ended()).check(ResponseDone)
+    assert reader.data == b"Wikipedia in\r\n\r\nchunks."
+    d = pool.request(H, b"GET", b"/", b"", None)
+    again, _ = await host.next()
+    assert again is connection
+    again.write(ok(b"next"))
+    _, body, _ = await finish(d)
+    assert body.data == b"next"
 
 
 @pytest_twisted.ensureDeferred
@@ -410,7 +460,7 @@ async def test_answer_without_length_ends_with_the_connection(rig: Rig) -> None:
     second, _ = await host.next()
     assert second is not connection
     second.write(OK)
-    (await guard(d)).deliverBody(Body())
+    await finish(d)
 
 
 @pytest.mark.parametrize(
@@ -442,6 +492,7 @@ async def test_answer_that_ends_the_connection_is_not_reused(rig: Rig, head: byt
 )
 @pytest_twisted.ensureDeferred
 async def test_answer_that_keeps_the_connection_is_reused(rig: Rig, head: bytes) -> None:
+    """HTTP/1.1 by default, HTTP/1.0 with ``Connection: keep-alive``: kept and reused."""
     host = rig.host(answers(head + b"Content-Length: 2\r\n\r\nok"))
     pool = rig.upstreams(host.url)
     await fetch(pool)
@@ -476,35 +527,35 @@ async def test_answer_without_a_body_ends_at_once(rig: Rig, method: bytes, head:
     assert len(host.connections) == 1
 
 
+FINAL = b"HTTP/1.1 201 Created\r\nX-Final: yes\r\nContent-Length: 4\r\n\r\ndone"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+
+
 @pytest.mark.parametrize(
-    "interim",
-    [
-        [b"HTTP/1.1 100 Continue\r\n\r\n", b""],
-        [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"],
-    ],
+    "writes",
+    [[CONTINUE, HINTS, FINAL], [CONTINUE + HINTS + FINAL]],
     ids=["separate", "together"],
 )
 @pytest_twisted.ensureDeferred
-async def test_interim_answers_are_skipped(rig: Rig, interim: list[bytes]) -> None:
+async def test_interim_answers_are_skipped(rig: Rig, writes: list[bytes]) -> None:
     """``100 Continue`` and other 1xx answers are not the answer: the request fires with
-    the final one, its headers only."""
+    the final one, its headers only, and its body."""
     host = rig.host()
     pool = rig.upstreams(host.url)
     d = pool.request(H, b"POST", b"/v1/completions", b"Expect: 100-continue\r\n", b"{}")
     connection, _ = await host.next()
-    for data in interim:
+    for data in writes[:-1]:
         connection.write(data)
         await turns(2)
-    assert not d.called
-    connection.write(b"HTTP/1.1 201 Created\r\nX-Final: yes\r\nContent-Length: 4\r\n\r\ndone")
-    response = await guard(d)
+        assert not d.called
+    connection.write(writes[-1])
+    response, body, reason = await finish(d)
     assert (response.code, response.headers) == (
         201,
         [(b"X-Final", b"yes"), (b"Content-Length", b"4")],
     )
-    reader = Body()
-    response.deliverBody(reader)
-    assert (await reader.ended()).check(ResponseDone) and reader.data == b"done"
+    assert body.data == b"done" and reason.check(ResponseDone)
 
 
 # -- bad answers ---------------------------------------------------------------------------------
@@ -637,6 +688,7 @@ async def test_fresh_connection_closed_without_an_answer(rig: Rig) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_port_nobody_listens_on_is_refused(rig: Rig) -> None:
+    """A host that is down fails at once with the error the proxy fails over on."""
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
@@ -656,7 +708,7 @@ async def test_kept_connection_closed_as_it_is_reused_is_retried_once(rig: Rig) 
     d = pool.request(H, b"POST", b"/v1/completions", b"", b'{"n": 1}')
     first, request_1 = await host.next()
     first.write(OK)
-    (await guard(d)).deliverBody(Body())
+    await finish(d)
     d = pool.request(H, b"POST", b"/v1/completions", b"", b'{"n": 2}')
     dropped, request_2 = await host.next()
     assert dropped is first
@@ -672,7 +724,24 @@ async def test_kept_connection_closed_as_it_is_reused_is_retried_once(rig: Rig) 
 
 
 @pytest_twisted.ensureDeferred
-async def test_retry_is_not_retried(rig: Rig) -> None:
+async def test_kept_connection_closed_just_before_the_request_is_retried(rig: Rig) -> None:
+    """The host closes an idle connection and the request goes out on it before crossbar
+    could notice (the host never reads it): sent again on a new connection."""
+    host = rig.host(answers(OK))
+    pool = rig.upstreams(host.url)
+    await fetch(pool)
+    first = host.connections[0]
+    host.handler = answers(ok(b"second"))
+    first.lose()  # both happen before the reactor runs again
+    _, body, reason = await fetch(pool, b"POST", b"/v1/completions", b"", b'{"n": 2}')
+    assert body.data == b"second" and reason.check(ResponseDone)
+    second = host.connections[1]
+    assert len(first.requests) == 1 and len(second.requests) == 1
+    assert second.requests[0].endswith(b'{"n": 2}')
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retry_that_fails_alike_is_not_retried_again(rig: Rig) -> None:
     """If the new connection is closed the same way, the request fails: one retry only."""
     host = rig.host(answers(OK))
     pool = rig.upstreams(host.url)
@@ -703,6 +772,8 @@ async def test_kept_connection_closed_after_part_of_an_answer_is_not_retried(rig
 
 @pytest_twisted.ensureDeferred
 async def test_cancel_while_waiting_for_the_answer_closes_the_connection(rig: Rig) -> None:
+    """The client gave up before the host answered: ``CancelledError``, and the host sees
+    its connection closed (llama-server stops the work); it is not kept."""
     host = rig.host()
     pool = rig.upstreams(host.url)
     d = pool.request(H, b"POST", b"/v1/completions", b"", b"{}")
@@ -717,18 +788,22 @@ async def test_cancel_while_waiting_for_the_answer_closes_the_connection(rig: Ri
 
 
 @pytest_twisted.ensureDeferred
-async def test_cancel_while_connecting(rig: Rig) -> None:
-    """Cancelled before the connection is made: ``CancelledError``, no request is sent,
-    and the connect timeout is not left behind (the reactor check would fail)."""
+async def test_timeout_while_connecting_is_a_timeout(rig: Rig) -> None:
+    """The proxy puts its header timeout on the request with ``addTimeout``, which turns a
+    ``CancelledError`` into ``TimeoutError`` (a 504). Cancelled while still connecting,
+    the request must fail the same way; any other error reads as "the client cancelled",
+    and the proxy would leave its client without an answer."""
+    clock = Clock()
     host = rig.host(answers(OK))
     pool = rig.upstreams(host.url)
     d = pool.request(H, b"GET", b"/", b"", None)
-    d.cancel()
-    with pytest.raises(CancelledError):
+    d.addTimeout(1.0, clock)
+    clock.advance(1.0)  # before the reactor could complete the connection
+    with pytest.raises(DeferredTimeout):
         await d
     await turns()
     assert all(not c.requests for c in host.connections)
-    await fetch(pool)
+    await fetch(pool)  # the pool is still usable
 
 
 # -- bodies cut off, stopped, paused -------------------------------------------------------------
@@ -810,6 +885,26 @@ async def test_stopped_body_gets_no_more_data(rig: Rig) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_stopped_body_gets_no_more_of_what_came_before_delivery(rig: Rig) -> None:
+    """The same for body bytes that arrived before the reader was given the body."""
+    host = rig.host()
+    pool = rig.upstreams(host.url)
+    d = pool.request(H, b"GET", b"/", b"", None)
+    connection, _ = await host.next()
+    connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    response = await guard(d)
+    for piece in [b"ab", b"cd", b"ef"]:
+        connection.write(piece)
+        await turns(2)
+    reader = StopAtFirst()
+    response.deliverBody(reader)
+    await guard(connection.closed)
+    reason = await reader.ended()
+    assert not reason.check(ResponseDone, PotentialDataLoss)
+    assert len(reader.received) == 1, reader.received  # b"ab", unless two reads coalesced
+
+
+@pytest_twisted.ensureDeferred
 async def test_pause_holds_the_body_until_resumed(rig: Rig) -> None:
     """A slow client pauses the host's socket: what the host sends meanwhile is not
     delivered until resume, then all of it is, and the connection is still reusable."""
@@ -865,10 +960,10 @@ async def test_each_idle_connection_gets_its_full_idle_timeout(rig: Rig) -> None
     d2 = pool.request(H, b"GET", b"/2", b"", None)
     (early, _), (late, _) = await host.next(), await host.next()
     early.write(OK)
-    (await guard(d1)).deliverBody(Body())
+    await finish(d1)
     clock.advance(2)
     late.write(OK)
-    (await guard(d2)).deliverBody(Body())
+    await finish(d2)
     clock.advance(1)
     await guard(early.closed)
     assert late.open
@@ -919,7 +1014,7 @@ async def test_no_more_than_max_idle_connections_are_kept(rig: Rig) -> None:
     host.handler = answers(OK)
     ds = [pool.request(H, b"GET", b"/", b"", None) for _ in range(3)]
     for d in ds:
-        (await guard(d)).deliverBody(Body())
+        await finish(d)
     assert len(host.connections) == 4
 
 
@@ -934,7 +1029,7 @@ async def test_drop_idle_closes_idle_connections(rig: Rig) -> None:
         connection, _ = await host.next()
         connection.write(OK)
     for d in ds:
-        (await guard(d)).deliverBody(Body())
+        await finish(d)
     dropped = pool.drop_idle()
     assert not dropped.called
     await guard(dropped)
@@ -947,6 +1042,8 @@ async def test_drop_idle_closes_idle_connections(rig: Rig) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_drop_idle_leaves_a_streaming_answer_alone(rig: Rig) -> None:
+    """Only idle connections are dropped: an answer still streaming finishes, and its
+    connection is kept for the next request."""
     host = rig.host()
     pool = rig.upstreams(host.url)
     d = pool.request(H, b"GET", b"/", b"", None)
