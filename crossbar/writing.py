@@ -32,6 +32,8 @@ def write_now(connection: tcp.Connection | None, transport: Any, data: bytes) ->
         and connection.connected
         and not connection.disconnecting
         and not connection._writeDisconnected
+        and not connection._aborting
+        and not connection.TLS
     ):
         sent = connection.writeSomeData(data)
         if isinstance(sent, int):
