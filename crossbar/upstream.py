@@ -41,9 +41,13 @@ class BadAnswer(Exception):
     """The host's answer is not HTTP/1.1 that crossbar can frame."""
 
 
-@attrs.define
+@attrs.define(eq=False)
 class Response:
-    """The status line and headers of an answer; the body follows through ``deliverBody``."""
+    """The status line and headers of an answer; the body follows through ``deliverBody``.
+
+    The body's progress lives here, not on the connection, so that a late reader, or a
+    reader stopping after its body ended, can never touch the connection's next answer.
+    """
 
     code: int
     phrase: bytes
@@ -52,28 +56,65 @@ class Response:
     length: int | None
     """From ``Content-Length``; ``None`` when chunked or until the connection closes."""
     _connection: _Connection
+    _protocol: Protocol | None = attrs.field(default=None, init=False)
+    _early: list[bytes] = attrs.field(factory=list, init=False)
+    _ended: Failure | None = attrs.field(default=None, init=False)
+    _stopped: bool = attrs.field(default=False, init=False)
 
     def deliverBody(self, protocol: Protocol) -> None:
         """Give the body to ``protocol`` as it arrives; its transport is a push producer
         (pause, resume, and stop, which closes the connection)."""
-        self._connection.deliver(protocol)
+        self._protocol = protocol
+        protocol.makeConnection(_BodyControl(self))  # type: ignore[arg-type]
+        early, self._early = self._early, []
+        for data in early:
+            if self._stopped:
+                break
+            protocol.dataReceived(data)
+        if self._ended is not None:
+            protocol.connectionLost(self._ended)
+
+    def _data(self, data: bytes) -> None:
+        if self._stopped:
+            return
+        protocol = self._protocol
+        if protocol is not None:
+            protocol.dataReceived(data)
+        else:
+            self._early.append(data)
+
+    def _end(self, reason: Failure) -> None:
+        if self._ended is None:
+            self._ended = reason
+            if self._protocol is not None:
+                self._protocol.connectionLost(reason)
+
+    def _streaming(self) -> bool:
+        """Whether this body is still coming in on its connection."""
+        return self._ended is None and self._connection.response is self
 
 
 @implementer(IPushProducer)
 class _BodyControl:
-    """What a body protocol sees as its transport: flow control over the connection."""
+    """What a body protocol sees as its transport: flow control over its connection,
+    for as long as its body is coming in."""
 
-    def __init__(self, connection: _Connection) -> None:
-        self._connection = connection
+    def __init__(self, response: Response) -> None:
+        self._response = response
 
     def pauseProducing(self) -> None:
-        self._connection.pause()
+        if self._response._streaming():
+            self._response._connection.pause()
 
     def resumeProducing(self) -> None:
-        self._connection.resume()
+        if self._response._streaming():
+            self._response._connection.resume()
 
     def stopProducing(self) -> None:
-        self._connection.abort()
+        response = self._response
+        response._stopped = True
+        if response._streaming():
+            response._connection.abort()
 
 
 _SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,15})[ \t]*(?:;[^\r\n]*)?\Z")
@@ -167,9 +208,7 @@ class _Connection(Protocol):
         self._remaining = -1  # Content-Length bytes still to come; -1 when not so framed
         self._chunks: _Chunked | None = None
         self._keep_alive = False
-        self._protocol: Protocol | None = None
-        self._early: list[bytes] = []
-        self._ended: Failure | None = None
+        self.response: Response | None = None
         self._paused = False
         self._on_closed: list[Deferred[None]] = []
         self._direct: tcp.Connection | None = None
@@ -287,10 +326,8 @@ class _Connection(Protocol):
             self._remaining = length
         else:
             self._keep_alive = False  # the body ends when the connection does
-        self._protocol = None
-        self._early = []
-        self._ended = None
-        return Response(code, phrase, headers, length, self)
+        self.response = Response(code, phrase, headers, length, self)
+        return self.response
 
     def _body_bytes(self, data: bytes) -> None:
         if self._chunks is not None:
@@ -311,13 +348,8 @@ class _Connection(Protocol):
             self._finished(rest)
 
     def _deliver(self, data: bytes) -> None:
-        if self.state != _BODY:
-            return  # stopped by the reader, in the middle of bytes already read
-        protocol = self._protocol
-        if protocol is not None:
-            protocol.dataReceived(data)
-        else:
-            self._early.append(data)
+        if self.state == _BODY and self.response is not None:
+            self.response._data(data)
 
     def _finished(self, extra: bytes) -> None:
         """The whole body is in: back to the pool, unless the host said otherwise."""
@@ -338,25 +370,10 @@ class _Connection(Protocol):
         self._end(Failure(ResponseDone()))
 
     def _end(self, reason: Failure) -> None:
-        if self._ended is not None:
-            return
-        self._ended = reason
-        protocol = self._protocol
-        if protocol is not None:
-            protocol.connectionLost(reason)
+        if self.response is not None:
+            self.response._end(reason)
 
-    # -- the body's reader --------------------------------------------------------------------
-
-    def deliver(self, protocol: Protocol) -> None:
-        self._protocol = protocol
-        protocol.makeConnection(_BodyControl(self))  # type: ignore[arg-type]
-        early, self._early = self._early, []
-        for data in early:
-            if self._protocol is not protocol:
-                return
-            protocol.dataReceived(data)
-        if self._ended is not None:
-            protocol.connectionLost(self._ended)
+    # -- flow control -------------------------------------------------------------------------
 
     def pause(self) -> None:
         if self.state == _BODY and not self._paused and self.transport is not None:
@@ -399,7 +416,6 @@ class _Connection(Protocol):
             self._end(Failure(PotentialDataLoss()))
         else:
             self._end(Failure(ResponseFailed([reason])))
-        self._protocol = None
         for d in self._on_closed:
             d.callback(None)
 
@@ -546,16 +562,17 @@ class Upstreams:
 
     def take(self, host: str) -> _Connection | None:
         idle = self._idle[host]
-        if not idle:
-            return None
-        connection = idle.pop()
-        if connection.idle_since <= self._clock.seconds() - self._idle_timeout:
-            # Stale, and so is everything older beneath it.
-            idle.append(connection)
-            self._expire(host, len(idle))
-            return None
-        connection.reused = True
-        return connection
+        while idle:
+            connection = idle.pop()
+            if connection.idle_since <= self._clock.seconds() - self._idle_timeout:
+                # Stale, and so is everything older beneath it.
+                idle.append(connection)
+                self._expire(host, len(idle))
+                return None
+            if connection.state == _IDLE:  # not closing already
+                connection.reused = True
+                return connection
+        return None
 
     def release(self, connection: _Connection) -> None:
         """A connection whose answer is complete: keep it for the next request."""

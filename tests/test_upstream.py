@@ -905,6 +905,37 @@ async def test_stopped_body_gets_no_more_of_what_came_before_delivery(rig: Rig) 
 
 
 @pytest_twisted.ensureDeferred
+async def test_late_reader_gets_its_own_body_not_the_next_answer(rig: Rig) -> None:
+    """A body that ended before its reader came stays with its answer, even once the
+    connection has carried another answer."""
+    host = rig.host(answers(ok(b"first"), ok(b"second")))
+    pool = rig.upstreams(host.url)
+    early = await guard(pool.request(H, b"GET", b"/", b"", None))
+    await turns()
+    _, body, _ = await fetch(pool)
+    assert body.data == b"second" and len(host.connections) == 1
+    late = Body()
+    early.deliverBody(late)
+    assert (await late.ended()).check(ResponseDone)
+    assert late.data == b"first"
+
+
+@pytest_twisted.ensureDeferred
+async def test_stopping_a_finished_body_leaves_the_kept_connection_alone(rig: Rig) -> None:
+    """``stopProducing`` after ``ResponseDone`` (a reader tidying up) must not close the
+    connection that went back to the pool: the next request is answered on it."""
+    host = rig.host(answers(OK, OK))
+    pool = rig.upstreams(host.url)
+    _, body, reason = await fetch(pool)
+    assert reason.check(ResponseDone)
+    body.producer.stopProducing()
+    body.producer.pauseProducing()
+    _, again, reason = await fetch(pool)
+    assert reason.check(ResponseDone) and again.data == b"ok"
+    assert len(host.connections) == 1 and host.connections[0].open
+
+
+@pytest_twisted.ensureDeferred
 async def test_pause_holds_the_body_until_resumed(rig: Rig) -> None:
     """A slow client pauses the host's socket: what the host sends meanwhile is not
     delivered until resume, then all of it is, and the connection is still reusable."""
