@@ -180,6 +180,20 @@ class Rig:
         self.pools.append(pool)
         return pool
 
+    async def asked(
+        self,
+        method: bytes = b"GET",
+        path: bytes = b"/",
+        headers: bytes = b"",
+        body: bytes | None = None,
+    ) -> tuple[ScriptedHost, Upstreams, HostConnection, Deferred[Response]]:
+        """A host and a pool, with one request sent: the connection that received it."""
+        host = self.host()
+        pool = self.upstreams(host.url)
+        d = pool.request(H, method, path, headers, body)
+        connection, _ = await host.next()
+        return host, pool, connection, d
+
     async def close(self) -> None:
         for pool in self.pools:
             await guard(pool.close())
@@ -234,6 +248,13 @@ class Body(Protocol):
         return self.reasons[0]
 
 
+def read(response: Response) -> Body:
+    """A reader given the answer's body."""
+    reader = Body()
+    response.deliverBody(reader)
+    return reader
+
+
 async def finish(d: Deferred[Response]) -> tuple[Response, Body, Failure]:
     """The answer, its whole body, and how that body ended.
 
@@ -241,8 +262,7 @@ async def finish(d: Deferred[Response]) -> tuple[Response, Body, Failure]:
     is handled: only once the body has ended is its connection back in the pool.
     """
     response = await guard(d)
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     return response, reader, await reader.ended()
 
 
@@ -350,17 +370,13 @@ async def test_content_length_answer_and_the_connection_is_reused(rig: Rig) -> N
 @pytest_twisted.ensureDeferred
 async def test_body_that_arrived_before_delivery_is_kept_for_the_reader(rig: Rig) -> None:
     """A reader given the body late still gets all of it, and its end."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    _host, _pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel")
     response = await guard(d)
     await turns()
     connection.write(b"lo")
     await turns()
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     assert (await reader.ended()).check(ResponseDone)
     assert reader.data == b"hello"
 
@@ -370,15 +386,11 @@ async def test_chunked_answer_is_delivered_chunk_by_chunk(rig: Rig) -> None:
     """Streamed tokens reach the reader as the host sends them (the host sends each
     chunk only once the previous one was delivered), decoded, even a chunk split over
     two writes; the end is ``ResponseDone`` and the connection is reused."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"POST", b"/v1/chat/completions", b"", b"{}")
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked(b"POST", b"/v1/chat/completions", b"", b"{}")
     connection.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
     response = await guard(d)
     assert (response.code, response.length) == (200, None)
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     for piece in [b"data: 1\n\n", b"data: 22\n\n", b"data: 333\n\n"]:
         connection.write(b"%x\r\n%s\r\n" % (len(piece), piece))
         assert await guard(reader.pieces.get()) == piece
@@ -415,14 +427,10 @@ async def test_chunked_framing_extensions_trailers_and_splits(rig: Rig, split: b
     """Chunk extensions, upper-case sizes and trailers are valid chunked framing, wherever
     the reads split it (a size line, a chunk's CRLF, the trailers); the body is decoded
     whole and the next answer on the connection is read from its first byte."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
     response = await guard(d)
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     if split:
         await trickle(connection, CHUNKED)
     else:
@@ -441,15 +449,11 @@ async def test_chunked_framing_extensions_trailers_and_splits(rig: Rig, split: b
 async def test_answer_without_length_ends_with_the_connection(rig: Rig) -> None:
     """No ``Content-Length`` and not chunked: the body runs until the host closes, which
     ends it with ``PotentialDataLoss``; the next request opens a new connection."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nsome ")
     response = await guard(d)
     assert response.length is None
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     assert await guard(reader.pieces.get()) == b"some "
     connection.write(b"more")
     assert await guard(reader.pieces.get()) == b"more"
@@ -541,10 +545,9 @@ HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
 async def test_interim_answers_are_skipped(rig: Rig, writes: list[bytes]) -> None:
     """``100 Continue`` and other 1xx answers are not the answer: the request fires with
     the final one, its headers only, and its body."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"POST", b"/v1/completions", b"Expect: 100-continue\r\n", b"{}")
-    connection, _ = await host.next()
+    _host, _pool, connection, d = await rig.asked(
+        b"POST", b"/v1/completions", b"Expect: 100-continue\r\n", b"{}"
+    )
     for data in writes[:-1]:
         connection.write(data)
         await turns(2)
@@ -774,10 +777,7 @@ async def test_kept_connection_closed_after_part_of_an_answer_is_not_retried(rig
 async def test_cancel_while_waiting_for_the_answer_closes_the_connection(rig: Rig) -> None:
     """The client gave up before the host answered: ``CancelledError``, and the host sees
     its connection closed (llama-server stops the work); it is not kept."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"POST", b"/v1/completions", b"", b"{}")
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked(b"POST", b"/v1/completions", b"", b"{}")
     d.cancel()
     with pytest.raises(CancelledError):
         await d
@@ -821,14 +821,10 @@ async def test_timeout_while_connecting_is_a_timeout(rig: Rig) -> None:
 async def test_body_cut_off_is_a_failure(rig: Rig, answer: bytes) -> None:
     """A body that stops short must not look complete (an SSE client would take a cut
     stream for a finished one): ``ResponseFailed``, after what did arrive."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    _host, _pool, connection, d = await rig.asked()
     connection.write(answer)
     response = await guard(d)
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     await guard(reader.pieces.get())
     connection.lose()
     assert (await reader.ended()).check(ResponseFailed)
@@ -839,14 +835,10 @@ async def test_body_cut_off_is_a_failure(rig: Rig, answer: bytes) -> None:
 async def test_stop_producing_closes_the_connection(rig: Rig) -> None:
     """The client went away: stopping the body closes the host's connection (llama-server
     stops generating), the body ends with a failure, and the connection is not reused."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
     response = await guard(d)
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     assert await guard(reader.pieces.get()) == b"partial"
     reader.producer.stopProducing()
     await guard(connection.closed)
@@ -869,10 +861,7 @@ class StopAtFirst(Body):
 async def test_stopped_body_gets_no_more_data(rig: Rig) -> None:
     """After ``stopProducing`` a reader gets nothing more, even chunks that came in the
     same read as the one it stopped at (``IPushProducer``: stop producing for good)."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    _host, _pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
     response = await guard(d)
     reader = StopAtFirst()
@@ -887,10 +876,7 @@ async def test_stopped_body_gets_no_more_data(rig: Rig) -> None:
 @pytest_twisted.ensureDeferred
 async def test_stopped_body_gets_no_more_of_what_came_before_delivery(rig: Rig) -> None:
     """The same for body bytes that arrived before the reader was given the body."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    _host, _pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
     response = await guard(d)
     for piece in [b"ab", b"cd", b"ef"]:
@@ -939,14 +925,10 @@ async def test_stopping_a_finished_body_leaves_the_kept_connection_alone(rig: Ri
 async def test_pause_holds_the_body_until_resumed(rig: Rig) -> None:
     """A slow client pauses the host's socket: what the host sends meanwhile is not
     delivered until resume, then all of it is, and the connection is still reusable."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
     response = await guard(d)
-    reader = Body()
-    response.deliverBody(reader)
+    reader = read(response)
     assert await guard(reader.pieces.get()) == b"hello"
     reader.producer.pauseProducing()
     connection.write(b"world")
@@ -1075,10 +1057,7 @@ async def test_drop_idle_closes_idle_connections(rig: Rig) -> None:
 async def test_drop_idle_leaves_a_streaming_answer_alone(rig: Rig) -> None:
     """Only idle connections are dropped: an answer still streaming finishes, and its
     connection is kept for the next request."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    host, pool, connection, d = await rig.asked()
     connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
     reader = Body()
     (await guard(d)).deliverBody(reader)
@@ -1094,10 +1073,7 @@ async def test_drop_idle_leaves_a_streaming_answer_alone(rig: Rig) -> None:
 async def test_after_close_a_finished_connection_is_not_kept(rig: Rig) -> None:
     """Crossbar is stopping: an answer still coming finishes, then its connection is
     closed at once instead of waiting in the pool."""
-    host = rig.host()
-    pool = rig.upstreams(host.url)
-    d = pool.request(H, b"GET", b"/", b"", None)
-    connection, _ = await host.next()
+    _host, pool, connection, d = await rig.asked()
     await guard(pool.close())
     connection.write(ok(b"last"))
     reader = Body()
