@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from twisted.internet import error, protocol
 from twisted.internet.defer import Deferred
-from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -295,9 +294,6 @@ class _StreamBody(protocol.Protocol):
         self._idle_timeout = idle_timeout
         self._timer: IDelayedCall | None = None
 
-    def connectionMade(self) -> None:
-        self._arm()
-
     def dataReceived(self, data: bytes) -> None:
         if self._timer is not None:
             self._timer.reset(self._idle_timeout)
@@ -313,14 +309,14 @@ class _StreamBody(protocol.Protocol):
         IPushProducer(self.transport).pauseProducing()
 
     def resumeProducing(self) -> None:
-        self._arm()
+        self.arm()
         IPushProducer(self.transport).resumeProducing()
 
     def stopProducing(self) -> None:
         self._disarm()
         stop_producing(self.transport)
 
-    def _arm(self) -> None:
+    def arm(self) -> None:
         if self._timer is None:
             self._timer = self.exchange.proxy.clock.callLater(
                 self._idle_timeout, self.exchange.upstream_idle
@@ -355,6 +351,7 @@ class Exchange:
         self._attempt_started = 0.0
         self._counted: str | None = None
         self._pending: Deferred[Response] | None = None
+        self._deadline: IDelayedCall | None = None
         self._body: _StreamBody | None = None
         self._timed_out = False
         self._cut_off = False
@@ -443,7 +440,8 @@ class Exchange:
         self._attempt_started = proxy.clock.seconds()
         d = proxy.upstreams.request(host, method, self._url_rest, self._headers, self._forward_body)
         self._pending = d
-        d.addTimeout(proxy.settings[host].header_timeout, proxy.clock)
+        timeout = proxy.settings[host].header_timeout
+        self._deadline = proxy.clock.callLater(timeout, self._no_answer)
         d.addCallbacks(self._got_response, self._upstream_failed)
         d.addErrback(self._crashed)
 
@@ -481,6 +479,7 @@ class Exchange:
 
     def _got_response(self, response: Response) -> None:
         self._pending = None
+        self._stop_deadline()
         proxy = self.proxy
         host = self.host
         assert host is not None
@@ -511,8 +510,9 @@ class Exchange:
         self._body = body
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
-        # complete); registering a producer then would raise.
+        # complete); registering a producer then would raise, and no idle timer is needed.
         if not self.finished and not self.client_gone:
+            body.arm()
             request.registerProducer(body, True)
 
     def _judge(self, host: str, code: int, latency: float) -> None:
@@ -526,21 +526,35 @@ class Exchange:
         else:
             table.request_ok(host)
 
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            if self._deadline.active():
+                self._deadline.cancel()
+            self._deadline = None
+
+    def _no_answer(self) -> None:
+        """No status line within ``header_timeout``. The host may still be working on
+        it, so the request is never tried elsewhere."""
+        self._deadline = None
+        host = self.host
+        assert host is not None
+        timeout = self.proxy.settings[host].header_timeout
+        self.proxy.table.request_failed(host, f"no answer within {timeout:g}s")
+        log.warn("host {host} sent no answer within {t:g}s", host=host, t=timeout)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()  # closes the connection; the cancellation itself is ignored
+        self.fail(504, "upstream timeout", host=host)
+
     def _upstream_failed(self, reason: Failure) -> None:
         self._pending = None
+        self._stop_deadline()
         if self.client_gone or is_cancellation(reason):
             return
         host = self.host
         assert host is not None
         why = describe(reason)
         table = self.proxy.table
-        if reason.check(DeferredTimeout):
-            # The host may still be working on it: never try elsewhere.
-            timeout = self.proxy.settings[host].header_timeout
-            table.request_failed(host, f"no answer within {timeout:g}s")
-            log.warn("host {host} sent no answer within {t:g}s", host=host, t=timeout)
-            self.fail(504, "upstream timeout", host=host)
-            return
         table.request_failed(host, why)
         if reason.check(*_RETRYABLE):
             self._try_next(why, timed_out=bool(reason.check(error.TimeoutError)))
