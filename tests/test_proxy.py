@@ -15,13 +15,14 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.web import server
-from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 
-from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
+from crossbar.config import HostSettings, RouteConfig
 from crossbar.health import HealthTable
 from crossbar.proxy import MAX_BODY
 from crossbar.service import Crossbar
+from tests import support
+from tests.support import header
 
 Handler = Callable[[server.Request], Any]
 
@@ -73,36 +74,26 @@ def site(upstream: Upstream) -> server.Site:
 
 @attrs.define
 class Rig:
-    crossbar: Crossbar
+    """crossbar (built as in tests/support.py) in front of two echoing upstreams."""
+
+    built: support.Rig
     upstreams: dict[str, Upstream]
-    client: HTTPClient
-    pool: HTTPConnectionPool
+
+    @property
+    def crossbar(self) -> Crossbar:
+        return self.built.crossbar
 
     @property
     def table(self) -> HealthTable:
-        return self.crossbar.table
+        return self.built.crossbar.table
 
     @property
     def base(self) -> str:
-        port = self.crossbar.listener.port
-        assert port is not None
-        return f"http://127.0.0.1:{port.getHost().port}"
+        return self.built.base
 
-
-async def wait_healthy(table: HealthTable, *names: str) -> None:
-    """Wait (on events, not time) until the named hosts are healthy; fail after 10 s."""
-    from twisted.internet import reactor
-
-    waiting: Deferred[None] = Deferred()
-    waiting.addTimeout(10, reactor)
-
-    def check(*_: object) -> None:
-        if all(table.get(n) and table.get(n).healthy for n in names) and not waiting.called:  # type: ignore[union-attr]
-            waiting.callback(None)
-
-    table.on_change(check)
-    check()
-    await waiting
+    @property
+    def client(self) -> HTTPClient:
+        return self.built.client
 
 
 @pytest_twisted.async_yield_fixture
@@ -110,22 +101,17 @@ async def rig(reactor: Any) -> AsyncIterator[Rig]:
     upstreams = {"gpu-a": Upstream(("m1",)), "gpu-b": Upstream(("m2",))}
     for upstream in upstreams.values():
         upstream.port = reactor.listenTCP(0, site(upstream), interface="127.0.0.1")
-    config = Config(
-        listen="tcp:0:interface=127.0.0.1",
-        defaults=HostSettings(poll_interval=60.0),
-        hosts={n: HostConfig(n, u.url + "/") for n, u in upstreams.items()},
+    built = await support.build(
+        {n: u.url + "/" for n, u in upstreams.items()},
         routes={
             "lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "m1"),
             "nodefault": RouteConfig("nodefault", ("gpu-b",), None),
         },
+        defaults=HostSettings(poll_interval=60.0),
+        up=("gpu-a", "gpu-b"),
     )
-    crossbar = Crossbar(config, reactor)
-    crossbar.startService()
-    await wait_healthy(crossbar.table, "gpu-a", "gpu-b")
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    client = HTTPClient(Agent(reactor, pool=pool))
-    yield Rig(crossbar, upstreams, client, pool)
-    await crossbar.stopService()
+    yield Rig(built, upstreams)
+    await support.teardown(built)
     for upstream in upstreams.values():
         if upstream.port.connected:
             await upstream.port.stopListening()
@@ -135,11 +121,6 @@ async def call(rig: Rig, method: str, path: str, **kwargs: Any) -> tuple[Any, by
     response = await rig.client.request(method, rig.base + path, **kwargs)
     body = await treq.content(response)
     return response, body
-
-
-def header(response: Any, name: str) -> str | None:
-    values = response.headers.getRawHeaders(name.encode())
-    return values[0].decode() if values else None
 
 
 @pytest.mark.parametrize(
