@@ -1,61 +1,39 @@
-"""End to end: the official openai client, through crossbar, to simulated llama-server routers."""
+"""End to end: the official openai client, through crossbar, to simulated llama-server routers.
+
+``fleet`` is crossbar in front of two simulators, built as in tests/support.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import openai
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
-from crossbar.service import Crossbar
+from crossbar.config import HostSettings
 from crossbar.simulator import SimulatedHost
-from tests.test_proxy import wait_healthy
-
-
-@attrs.define
-class Fleet:
-    crossbar: Crossbar
-    sims: dict[str, SimulatedHost]
-
-    def base_url(self, route: str) -> str:
-        port = self.crossbar.listener.port
-        assert port is not None
-        return f"http://127.0.0.1:{port.getHost().port}/{route}/v1"
+from tests.support import Rig, build, teardown
 
 
 @pytest_twisted.async_yield_fixture
-async def fleet(reactor: Any) -> AsyncIterator[Fleet]:
+async def fleet(reactor: Any) -> AsyncIterator[Rig]:
     sims = {
         "gpu-a": SimulatedHost({"tiny-a": "loaded", "tiny-b": "unloaded"}, chunks=6),
         "gpu-b": SimulatedHost({"tiny-b": "loaded", "tiny-a": "unloaded"}, chunks=6),
     }
-    for sim in sims.values():
-        await sim.listen(0, "127.0.0.1")
-    config = Config(
-        listen="tcp:0:interface=127.0.0.1",
-        defaults=HostSettings(poll_interval=60.0),
-        hosts={name: HostConfig(name, sim.url) for name, sim in sims.items()},
-        routes={"lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "tiny-a")},
-    )
-    crossbar = Crossbar(config, reactor)
-    crossbar.startService()
-    await wait_healthy(crossbar.table, "gpu-a", "gpu-b")
-    yield Fleet(crossbar, sims)
-    await crossbar.stopService()
-    for sim in sims.values():
-        await sim.stop()
+    built = await build(sims, defaults=HostSettings(poll_interval=60.0))
+    yield built
+    await teardown(built)
 
 
-def client(fleet: Fleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=fleet.base_url("lab"), api_key="sk-unused", max_retries=0)
+def client(fleet: Rig) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{fleet.base}/lab/v1", api_key="sk-unused", max_retries=0)
 
 
 @pytest_twisted.ensureDeferred
-async def test_openai_client_non_streaming(fleet: Fleet) -> None:
+async def test_openai_client_non_streaming(fleet: Rig) -> None:
     def ask() -> Any:
         with client(fleet) as c:
             return c.chat.completions.with_raw_response.create(
@@ -72,7 +50,7 @@ async def test_openai_client_non_streaming(fleet: Fleet) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_openai_client_streaming(fleet: Fleet) -> None:
+async def test_openai_client_streaming(fleet: Rig) -> None:
     def ask() -> list[str]:
         with client(fleet) as c:
             stream = c.chat.completions.create(
@@ -92,7 +70,7 @@ async def test_openai_client_streaming(fleet: Fleet) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_openai_models_list_and_default_model(fleet: Fleet) -> None:
+async def test_openai_models_list_and_default_model(fleet: Rig) -> None:
     def ask() -> tuple[list[str], str | None]:
         with client(fleet) as c:
             models = [m.id for m in c.models.list()]
@@ -110,7 +88,7 @@ async def test_openai_models_list_and_default_model(fleet: Fleet) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_failure_then_recovery_story(fleet: Fleet) -> None:
+async def test_failure_then_recovery_story(fleet: Rig) -> None:
     """Down after a failed request, still down after one good poll, up after two."""
     sim = fleet.sims["gpu-a"]
     table = fleet.crossbar.table
