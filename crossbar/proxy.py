@@ -118,7 +118,8 @@ class ProxyRequest(server.Request):
         if self.chunked and self.startedWriting and not self.finished and data:
             if not self._disconnected:
                 self.sentLength += len(data)
-                self.channel.write(b"%x\r\n%s\r\n" % (len(data), data))
+                channel: Any = self.channel
+                write_now(channel._direct, channel.transport, b"%x\r\n%s\r\n" % (len(data), data))
             return
         super().write(data)
 

@@ -35,9 +35,12 @@ def write_now(connection: tcp.Connection | None, transport: Any, data: bytes) ->
         and not connection._aborting
         and not connection.TLS
     ):
-        sent = connection.writeSomeData(data)
-        if isinstance(sent, int):
-            if sent == len(data):
-                return
-            data = data[sent:]
+        limit = connection.SEND_LIMIT  # as Twisted sends at most, for the same backpressure
+        try:
+            sent = connection.socket.send(data if len(data) <= limit else memoryview(data)[:limit])
+        except OSError:
+            sent = 0  # full (EAGAIN) or broken: the transport queues it, or finds the error
+        if sent == len(data):
+            return
+        data = data[sent:]
     transport.write(data)
