@@ -435,8 +435,9 @@ class _Call:
     """One request to one host, until its status line arrives.
 
     A kept-alive connection that the host closed just as it was reused fails before a
-    single byte of answer; such a request is sent once more on a new connection, since
-    the host never saw it.
+    single byte of answer; such a request is sent once more, on a new connection: a host
+    closes an idle connection, not one it is answering on. Counting it as a failure would
+    mark a healthy host down.
     """
 
     def __init__(self, pool: Upstreams, host: str, data: bytes, head_only: bool) -> None:
