@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,18 +73,26 @@ AREAS = [
 ]
 
 
+def samples(collapsed: Path) -> Iterator[tuple[list[str], int]]:
+    """Each stack of py-spy's collapsed output: its Python frames (short names) and count."""
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if stack and count_text.isdigit():
+            frames = [
+                short(f)
+                for f in stack.split(";")
+                if not f.startswith(("process ", "thread ")) and not f.startswith('"')
+            ]
+            yield frames, int(count_text)
+
+
 def areas(collapsed: Path) -> str:
     """Busy samples by area, each stack counted once, in the first area that matches."""
     rules = [(name, re.compile(pattern)) for name, pattern in AREAS]
     counts: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in collapsed.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
+    for frames, count in samples(collapsed):
         total += count
-        frames = [short(f) for f in stack.split(";")]
         for name, rule in rules:
             if any(rule.search(f) for f in frames):
                 counts[name] += count
@@ -99,16 +108,7 @@ def top(collapsed: Path, n: int) -> str:
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in collapsed.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = [
-            short(f)
-            for f in stack.split(";")
-            if not f.startswith(("process ", "thread ")) and not f.startswith('"')
-        ]
+    for frames, count in samples(collapsed):
         if not frames:
             continue
         total += count

@@ -299,14 +299,8 @@ async def rigs() -> AsyncIterator[RigMaker]:
     """Builds rigs with :func:`build`, and tears every one down at the end."""
     made: list[Rig] = []
 
-    async def make(
-        hosts: Mapping[str, SimulatedHost | str],
-        routes: Mapping[str, RouteConfig] | None = None,
-        defaults: HostSettings = FAST,
-        settings: Mapping[str, HostSettings] | None = None,
-        up: Collection[str] | None = None,
-    ) -> Rig:
-        rig = await build(hosts, routes, defaults, settings, up)
+    async def make(*args: Any, **kwargs: Any) -> Rig:
+        rig = await build(*args, **kwargs)
         made.append(rig)
         return rig
 
