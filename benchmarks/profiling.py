@@ -52,8 +52,8 @@ AREAS = [
     ("metrics (request_done)", r"^Metrics\.request_done "),
     ("form parsing of the body (twisted.web _parseContentType)", r"^_parseContentType "),
     ("model peek (peek_model, with_model)", r"^(peek_model|with_model) "),
-    ("host choice (choose, table snapshot)", r"^(choose|HealthTable\.snapshot) "),
-    ("header copying (_upstream_headers, response headers)", r"^Exchange\._upstream_headers "),
+    ("host choice (choose, table snapshot)", r"^(choose|choose_for_route|HealthTable\.snapshot) "),
+    ("header copying (upstream_headers, response headers)", r"^upstream_headers "),
     (
         "timers (callLater, cancel, reset, addTimeout)",
         r"^(ReactorBase\.callLater|DelayedCall\.|Deferred\.addTimeout|ReactorBase\._insertNewDelayedCalls)",
@@ -64,7 +64,7 @@ AREAS = [
     ("SSE chunk relay (decode upstream chunk, write to client)", r"^_StreamBody\.dataReceived "),
     (
         "upstream response head parsing",
-        r"^(_Connection\._parse|HTTPClientParser\.dataReceived) ",
+        r"^(AnswerParser\.feed|HTTPClientParser\.dataReceived) ",
     ),
     ("client request parsing (HTTPChannel, Request)", r"^HTTPChannel\.dataReceived "),
     ("accept()", r"^Port\.doRead "),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
-from crossbar.simulator import SimulatedHost
+from crossbar.testing import SimulatedHost
 
 FLEET = {
     "gpu-a": {"qwen3-coder-30b": "loaded", "gpt-oss-20b": "unloaded"},

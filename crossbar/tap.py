@@ -56,8 +56,9 @@ def _with_workers(config: Config, path: str, reactor: Any) -> IService:
 
     from twisted.application.service import MultiService
 
+    from crossbar.pages.peers import WorkerInfo
     from crossbar.service import Crossbar
-    from crossbar.workers import WorkerInfo, WorkerProcesses
+    from crossbar.workers import WorkerProcesses
 
     run_dir = tempfile.mkdtemp(prefix="crossbar-workers-")
     reactor.addSystemEventTrigger("after", "shutdown", shutil.rmtree, run_dir, True)

@@ -28,9 +28,9 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
-from crossbar.health import HealthTable, HostState
+from crossbar.fleet import HealthTable, HostState
 from crossbar.service import Crossbar
-from crossbar.simulator import SimulatedHost
+from crossbar.testing import SimulatedHost
 
 T = TypeVar("T")
 

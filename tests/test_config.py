@@ -44,7 +44,7 @@ def test_minimal_form_is_accepted(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL))
     assert config.listen == "tcp:7777:backlog=1024"  # all interfaces, room for bursts
     assert config.defaults.poll_interval == 5.0
-    assert config.settings("gpu-a") == HostSettings()  # every default as documented
+    assert config.settings["gpu-a"] == HostSettings()  # every default as documented
     assert config.hosts["gpu-a"].url == "http://10.0.0.11:8080"
     assert config.hosts["gpu-b"].url == "http://10.0.0.12:8080"  # trailing slash trimmed
     route = config.routes["opencode-a"]

@@ -6,7 +6,7 @@ from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP
 from twisted.internet.task import Clock
 from twisted.web.client import URI
 
-from crossbar.connect import HostEndpoints, make_agent, make_pool
+from crossbar.upstream.endpoints import HostEndpoints, make_agent, make_pool
 
 
 def endpoints() -> HostEndpoints:

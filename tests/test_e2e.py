@@ -13,7 +13,7 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from crossbar.config import HostSettings
-from crossbar.simulator import SimulatedHost
+from crossbar.testing import SimulatedHost
 from tests.support import Rig, build, teardown
 
 

@@ -25,7 +25,7 @@ from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings, RouteConfig
 from crossbar.service import CLIENT_IDLE_TIMEOUT
-from crossbar.simulator import SimulatedHost
+from crossbar.testing import SimulatedHost
 from tests.support import (
     Blackhole,
     RigMaker,
@@ -218,7 +218,7 @@ async def test_client_leaving_mid_stream_closes_upstream_and_marks_nothing(
     assert sent < 100_000
     state = rig.state("gpu-a")
     assert (state.healthy, state.fails, state.last_err) == (True, 0, "")
-    assert rig.crossbar.proxy.in_flight == {"gpu-a": 0}
+    assert rig.crossbar.traffic.in_flight == {"gpu-a": 0}
     assert rig.logs.matching("lab gpu-a POST /v1/chat/completions", "(client left)")
     assert not rig.logs.matching("gpu-a", "broke")
 
@@ -237,7 +237,7 @@ async def test_client_leaving_before_the_answer_closes_upstream(make: RigMaker) 
     closed = sim.wait_connection_closed()
     request.cancel()
     await guard(closed, 1.0, "upstream connection closed")
-    await eventually(lambda: rig.crossbar.proxy.in_flight["gpu-a"] == 0, 1.0, "in_flight 0")
+    await eventually(lambda: rig.crossbar.traffic.in_flight["gpu-a"] == 0, 1.0, "in_flight 0")
     state = rig.state("gpu-a")
     assert (state.healthy, state.fails, state.last_err) == (True, 0, "")
     assert rig.completions("gpu-b") == []
@@ -334,7 +334,7 @@ async def test_client_leaving_while_connecting_cancels_the_connect(
     await go_dark(rig.sims["gpu-a"], hole)
     request = rig.client.post(rig.base + CHAT, data=BODY)
     request.addErrback(lambda _: None)
-    in_flight = rig.crossbar.proxy.in_flight
+    in_flight = rig.crossbar.traffic.in_flight
     await eventually(lambda: in_flight["gpu-a"] == 1, 2.0, "request in flight")
     request.cancel()
     await eventually(lambda: in_flight["gpu-a"] == 0, 1.0, "request over")
@@ -808,7 +808,7 @@ async def test_least_busy_takes_the_host_with_fewest_in_flight(make: RigMaker) -
     second, two = await rig.stream(CHAT, STREAM)
     assert header(first, "x-crossbar-host") == "gpu-a"
     assert header(second, "x-crossbar-host") == "gpu-b"
-    assert rig.crossbar.proxy.in_flight == {"gpu-a": 1, "gpu-b": 1, "gpu-c": 0}
+    assert rig.crossbar.traffic.in_flight == {"gpu-a": 1, "gpu-b": 1, "gpu-c": 0}
     assert await hosts_answering(rig, 1) == ["gpu-a"]  # a tie: the earlier host
     one.hang_up()
     await upstream_closed(hosts["gpu-a"])
@@ -896,7 +896,7 @@ async def test_a_stuck_host_does_not_block_other_routes(
         d = rig.client.post(rig.base + "/slow/v1/chat/completions", data=BODY)
         d.addErrback(lambda _: None)
         pending.append(d)
-    in_flight = rig.crossbar.proxy.in_flight
+    in_flight = rig.crossbar.traffic.in_flight
     await eventually(lambda: in_flight["gpu-a"] == 20, 3.0, "20 requests stuck on gpu-a")
     started = time.monotonic()
     assert await hosts_answering(rig, 10) == ["gpu-b"] * 10

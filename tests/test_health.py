@@ -14,7 +14,8 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings
-from crossbar.health import HealthTable, HostState, Poller, parse_models
+from crossbar.fleet import HealthTable, HostState, parse_models
+from crossbar.fleet.poller import Poller
 
 ROUTER_MODELS = {
     "object": "list",
@@ -96,7 +97,7 @@ def make_rig(*names: str, interval: float = 5.0, timeout: float = 5.0) -> Rig:
     clock.advance(1000)
     settings = {n: HostSettings(poll_interval=interval, poll_timeout=timeout) for n in names}
     table = HealthTable({n: f"http://{n}:8080" for n in names}, clock, settings)
-    poller = Poller(table, client, clock, settings)
+    poller = Poller(table, client, clock)
     return Rig(fleet, client, clock, table, poller)
 
 

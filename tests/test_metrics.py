@@ -16,9 +16,9 @@ from twisted.internet.task import Clock
 from twisted.web.client import ResponseNeverReceived
 
 from crossbar.config import HostSettings, RouteConfig
-from crossbar.health import HealthTable
-from crossbar.metrics import CONTENT_TYPE, Metrics
-from crossbar.simulator import SimulatedHost
+from crossbar.fleet import HealthTable
+from crossbar.pages.metrics import CONTENT_TYPE, Metrics
+from crossbar.testing import SimulatedHost
 from tests.support import Rig, all_polled, rigs
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

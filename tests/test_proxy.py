@@ -18,8 +18,8 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings, RouteConfig
-from crossbar.health import HealthTable
-from crossbar.proxy import MAX_BODY
+from crossbar.fleet import HealthTable
+from crossbar.server.site import MAX_BODY
 from crossbar.service import Crossbar
 from tests import support
 from tests.support import header

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from crossbar.health import HostState
-from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
+from crossbar.fleet import HostState, choose
+from crossbar.server.rewrite import BadTarget, allowed_path, parse_target, peek_model, with_model
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ from twisted.internet.task import Clock, deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 
-from crossbar.simulator import BUILD_INFO, RecordedRequest, SimulatedHost, _parse_models
+from crossbar.testing import BUILD_INFO, RecordedRequest, SimulatedHost
+from crossbar.testing.simulator import _parse_models
 
 TWO_MODELS = {"tiny-a": "loaded", "tiny-b": "unloaded"}
 ERROR_KEYS = ["code", "message", "type"]

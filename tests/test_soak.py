@@ -22,8 +22,8 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from crossbar.connect import IDLE_POOL_TIMEOUT
-from crossbar.simulator import SimulatedHost
+from crossbar.testing import SimulatedHost
+from crossbar.upstream import IDLE_POOL_TIMEOUT
 from tests.support import Daemon, memory, start_daemon
 
 SECONDS = float(os.environ.get("CROSSBAR_SOAK_SECONDS", "60"))

@@ -20,11 +20,12 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
 from crossbar.config import Config, HostSettings, RouteConfig, parse_config
-from crossbar.health import HealthTable
-from crossbar.metrics import Metrics
+from crossbar.fleet import HealthTable
+from crossbar.pages.app import StatusApp
+from crossbar.pages.metrics import Metrics
+from crossbar.pages.render import ago
 from crossbar.service import Crossbar
-from crossbar.simulator import SimulatedHost
-from crossbar.status import StatusApp, ago
+from crossbar.testing import SimulatedHost
 from tests.support import all_polled, rigs
 
 T0 = 1_700_000_000.0

@@ -25,8 +25,8 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 
-from crossbar.connect import endpoint_for
-from crossbar.upstream import BadAnswer, Response, Upstreams
+from crossbar.upstream import Response, Upstreams, endpoint_for
+from crossbar.upstream.connection import BadAnswer
 
 T = TypeVar("T")
 H = "gpu-a"

@@ -17,8 +17,8 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from crossbar.config import ConfigError, parse_config, tcp_address
-from crossbar.metrics import merge_workers
-from crossbar.simulator import SimulatedHost
+from crossbar.pages.metrics import merge_workers
+from crossbar.testing import SimulatedHost
 from tests.test_service import free_port, wait_for_port
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))

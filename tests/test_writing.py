@@ -25,7 +25,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from crossbar.writing import direct, write_now
+from crossbar._twisted import direct, write_now
 
 BLOCK = 4 * 1024 * 1024
 """More than a loopback socket takes while its peer does not read, and > SEND_LIMIT."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 
 def is_cancellation(reason: BaseException | Failure) -> bool:
@@ -51,3 +52,10 @@ def stop_producing(transport: object) -> None:
     """Close the connection behind a response body's transport (a producer)."""
     if transport is not None:
         IPushProducer(transport).stopProducing()
+
+
+class Discard(Protocol):
+    """Closes the connection of an upstream answer whose body nobody wants."""
+
+    def connectionMade(self) -> None:
+        stop_producing(self.transport)

@@ -1,10 +1,10 @@
-"""How crossbar connects to its hosts: endpoints per host, and the poller's Agent.
+"""How crossbar connects to its hosts: an endpoint per host, and the poller's Agent.
 
 Twisted's default endpoints resolve the host name in a thread for every new
 connection, even for an IP address; llama-server routers close the connection
 after every completion, so that cost would be paid on nearly every request. Here
 an IP address is connected to directly, and each host gets its own connect timeout.
-The proxy's requests use these endpoints through :mod:`crossbar.upstream`; the health
+The proxy's requests use these endpoints through :mod:`crossbar.upstream.pool`; the health
 poller uses treq over an ``Agent`` built here.
 """
 
@@ -22,13 +22,12 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import IStreamClientEndpoint
-from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
-from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgent, IAgentEndpointFactory
 from zope.interface import implementer
 
-from crossbar.failures import stop_producing
+from crossbar._twisted import QuietPool
 
 IDLE_POOL_TIMEOUT = 3.0
 """Seconds an idle upstream connection is kept: llama-server drops them after 5 s,
@@ -60,7 +59,7 @@ def _endpoint(reactor: Any, scheme: bytes, host: str, port: int, timeout: float)
 
 
 @attrs.frozen
-class Target:
+class HostAddress:
     """Where a host's base URL points: how to connect, and what to put in requests."""
 
     endpoint: IStreamClientEndpoint
@@ -70,14 +69,14 @@ class Target:
     """The base URL's path, prefixed to every request's."""
 
 
-def endpoint_for(reactor: Any, url: str, timeout: float) -> Target:
+def endpoint_for(reactor: Any, url: str, timeout: float) -> HostAddress:
     uri = URI.fromBytes(url.encode())
     host = uri.host.decode("ascii")
     authority = b"[%s]" % uri.host if _family(host) == socket.AF_INET6 else uri.host
     if uri.port != {b"http": 80, b"https": 443}.get(uri.scheme):
         authority += b":%d" % uri.port
     endpoint = _endpoint(reactor, uri.scheme, host, uri.port, timeout)
-    return Target(endpoint, authority, uri.path)
+    return HostAddress(endpoint, authority, uri.path)
 
 
 @implementer(IAgentEndpointFactory)
@@ -99,25 +98,8 @@ class HostEndpoints:
         return endpoint
 
 
-class Discard(Protocol):
-    """Closes the connection of an upstream answer whose body nobody wants."""
-
-    def connectionMade(self) -> None:
-        stop_producing(self.transport)
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    noisy = False
-
-
-class _QuietPool(HTTPConnectionPool):
-    """A pool that does not log two lines for every upstream connection."""
-
-    _factory = _QuietClientFactory
-
-
 def make_pool(reactor: Any, per_host: int) -> HTTPConnectionPool:
-    pool = _QuietPool(reactor, persistent=True)
+    pool = QuietPool(reactor, persistent=True)
     pool.maxPersistentPerHost = per_host
     pool.cachedConnectionTimeout = IDLE_POOL_TIMEOUT  # type: ignore[assignment]
     return pool

@@ -1,70 +1,45 @@
-"""The proxy: a ``twisted.web`` resource that forwards each request to the right host
-and streams the answer back chunk by chunk.
+"""One proxied request: choose a host, forward the request, stream the answer back.
 
-One :class:`Exchange` lives per request. It forwards with crossbar's own lean
-HTTP/1.1 client (:mod:`crossbar.upstream`; treq's cookie jar and redirects are
-wrong for a proxy, and Agent's layers cost a third of the CPU per request), streams
-the upstream body through a protocol given to ``Response.deliverBody``, lets the
-client's socket pause the upstream socket (backpressure), and closes the upstream
-connection as soon as the client leaves so the GPU stops generating.
+An :class:`Exchange` lives per request. It forwards with crossbar's own lean HTTP/1.1
+client (:mod:`crossbar.upstream`; treq's cookie jar and redirects are wrong for a
+proxy, and Agent's layers cost a third of the CPU per request), streams the upstream
+body through a protocol given to ``Response.deliverBody``, lets the client's socket
+pause the upstream socket (backpressure), and closes the upstream connection as soon
+as the client leaves so the GPU stops generating.
 """
 
 from __future__ import annotations
 
-import json
-from io import BytesIO
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet import error, protocol
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITCPTransport
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import http, server
+from twisted.web import server
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.resource import IResource, Resource
 from zope.interface import implementer
 
-from crossbar.config import Config, RouteConfig
-from crossbar.connect import Discard
-from crossbar.failures import describe, is_cancellation, stop_producing
-from crossbar.health import HealthTable
-from crossbar.routing import BadTarget, allowed_path, choose, parse_target, peek_model, with_model
-from crossbar.upstream import Response, Upstreams
-from crossbar.writing import direct, write_now
-
-MAX_BODY = 16 * 1024 * 1024
-HEADER_DEADLINE = 30.0
-"""Seconds a client has to send a request's headers."""
-LINGER = 5.0
-"""Seconds a refused upload may keep sending before its connection is closed."""
-
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-    }
+from crossbar.config import RouteConfig
+from crossbar.fleet import choose_for_route
+from crossbar.server.rewrite import (
+    BODYLESS,
+    NOT_RETURNED,
+    BadTarget,
+    allowed_path,
+    json_body,
+    parse_target,
+    peek_model,
+    upstream_headers,
+    with_model,
 )
-_NOT_FORWARDED = HOP_BY_HOP | {
-    b"host",
-    b"content-length",
-    b"expect",
-    b"x-forwarded-for",
-    b"x-forwarded-proto",
-    b"x-forwarded-host",
-}
-_NOT_RETURNED = HOP_BY_HOP | {b"content-length"}
-_BODYLESS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
+from crossbar.upstream import Discard, Response, describe, is_cancellation, stop_producing
+
+if TYPE_CHECKING:
+    from crossbar.server.resources import ProxyResource
 
 log = Logger()
 
@@ -81,200 +56,6 @@ class ProxyObserver(Protocol):
         first_byte: float | None,
         sent: int,
     ) -> None: ...
-
-
-class _NoObserver:
-    def request_done(self, *args: object) -> None:
-        pass
-
-
-def _one_line(value: bytes) -> bytes:
-    """A header value that cannot end its line early (no header injection upstream)."""
-    if b"\r" in value or b"\n" in value:
-        return value.replace(b"\r", b" ").replace(b"\n", b" ")
-    return value
-
-
-def json_body(payload: dict[str, Any]) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
-
-
-class ProxyRequest(server.Request):
-    """A request that keeps its body in memory and refuses one over ``MAX_BODY``.
-
-    twisted.web buffers a whole body before ``render`` with no cap of its own, so the
-    limit is enforced here as the body arrives: from ``Content-Length`` before any of
-    it is read, and for a chunked upload as soon as it passes the limit.
-    """
-
-    rejected = False
-    _received = 0
-    _buffer: BytesIO
-    _linger: Any = None
-
-    def write(self, data: bytes) -> None:
-        """Frame a chunk of a streamed answer in one piece; the first write (headers,
-        and the choice of framing) and every unusual case stay twisted.web's."""
-        if self.chunked and self.startedWriting and not self.finished and data:
-            if not self._disconnected:
-                self.sentLength += len(data)
-                channel: Any = self.channel
-                write_now(channel._direct, channel.transport, b"%x\r\n%s\r\n" % (len(data), data))
-            return
-        super().write(data)
-
-    def gotLength(self, length: int | None) -> None:
-        self.content = self._buffer = BytesIO()
-        if length is not None and length > MAX_BODY:
-            self._reject()
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self.rejected:
-            return
-        self._received += len(data)
-        if self._received > MAX_BODY:
-            self._reject()
-        else:
-            self._buffer.write(data)
-
-    def _reject(self) -> None:
-        """Answer 413 at once, outside twisted.web's request cycle that has not begun."""
-        self.rejected = True
-        self.content = self._buffer = BytesIO()
-        # Twisted would otherwise invite the client to send the body we refuse.
-        self.requestHeaders.removeHeader(b"expect")
-        body = json_body({"error": "body too large"})
-        transport: Any = self.channel.transport
-        transport.write(
-            b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        # Half-close and keep draining, so the client reads the 413 rather than a
-        # reset; a client that goes on sending is cut off after LINGER seconds.
-        if ITCPTransport.providedBy(transport):
-            transport.loseWriteConnection()
-        else:
-            transport.loseConnection()
-        self._linger = self.channel.callLater(LINGER, transport.abortConnection)
-        method = getattr(self.channel, "_command", b"-").decode("latin-1", "replace")
-        path = getattr(self.channel, "_path", b"-").partition(b"?")[0]
-        log.info(
-            "- - {method} {path} 413 0ms", method=method, path=path.decode("latin-1", "replace")
-        )
-
-    def connectionLost(self, reason: Failure) -> None:
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
-        super().connectionLost(reason)
-
-
-class Channel(http.HTTPChannel):
-    """An HTTP connection that gives each request a deadline for its headers.
-
-    The Site's idle timeout restarts on every byte, so a client that trickles its
-    headers (slowloris) could otherwise hold a connection open forever.
-    """
-
-    _deadline: IDelayedCall | None = None
-    _in_body = False
-    _host: Any = None
-    _direct: Any = None
-
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        self._direct = direct(self.transport)
-
-    def write(self, data: bytes) -> None:
-        write_now(self._direct, self.transport, data)
-
-    def writeSequence(self, iovec: Any) -> None:
-        self.write(b"".join(iovec))
-
-    def getHost(self) -> Any:
-        """The local address, asked of the kernel once per connection, not per request."""
-        if self._host is None:
-            self._host = super().getHost()
-        return self._host
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._deadline is None and not self._in_body and not self._handlingRequest:
-            limit = getattr(getattr(self, "site", None), "header_deadline", HEADER_DEADLINE)
-            self._deadline = self.callLater(limit, self._too_slow)
-        super().dataReceived(data)
-
-    def allHeadersReceived(self) -> None:
-        self._stop_deadline()
-        self._in_body = True
-        super().allHeadersReceived()
-
-    def allContentReceived(self) -> None:
-        self._in_body = False
-        super().allContentReceived()
-
-    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self._stop_deadline()
-        super().connectionLost(reason)
-
-    def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            if self._deadline.active():
-                self._deadline.cancel()
-            self._deadline = None
-
-    def _too_slow(self) -> None:
-        self._deadline = None
-        assert self.transport is not None
-        self.transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-        )
-        self.transport.loseConnection()
-
-
-class Site(server.Site):
-    """A Site whose requests are :class:`ProxyRequest` and that writes no access log
-    of its own: the proxy logs one line per request when it really ends."""
-
-    requestFactory = ProxyRequest
-    noisy = False
-    protocol = Channel  # type: ignore[assignment]  # plain HTTP/1.1, no HTTP/2 upgrade
-    header_deadline = HEADER_DEADLINE
-
-    def log(self, request: Any) -> None:
-        pass
-
-
-class RootResource(Resource):
-    """Everything is proxied except the children put on it (``/_crossbar/``)."""
-
-    def __init__(self, proxy: ProxyResource) -> None:
-        super().__init__()
-        self._proxy = proxy
-
-    def getChild(self, path: bytes, request: Any) -> IResource:
-        return self._proxy
-
-
-class ProxyResource(Resource):
-    isLeaf = True
-
-    def __init__(
-        self, config: Config, table: HealthTable, upstreams: Upstreams, clock: IReactorTime
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.table = table
-        self.upstreams = upstreams
-        self.clock = clock
-        self.observer: ProxyObserver = _NoObserver()
-        self.in_flight: dict[str, int] = dict.fromkeys(config.hosts, 0)
-        self.turns: dict[str, int] = dict.fromkeys(config.routes, 0)
-        self.settings = {name: config.settings(name) for name in config.hosts}
-
-    def render(self, request: server.Request) -> int:
-        if getattr(request, "rejected", False):
-            return server.NOT_DONE_YET
-        Exchange(self, request).start()
-        return server.NOT_DONE_YET
 
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -389,28 +170,28 @@ class Exchange:
                 self.model = peek.model
             elif peek.missing and route.default_model is not None:
                 body = with_model(body, route.default_model)
-        if body or request.method not in _BODYLESS:
+        if body or request.method not in BODYLESS:
             self._forward_body = body
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
-        self._headers = self._upstream_headers()
+        client = getattr(request.getClientAddress(), "host", None) or "unknown"
+        self._headers = upstream_headers(
+            request.requestHeaders.getAllRawHeaders(), client, request.isSecure()
+        )
 
     def _next_host(self) -> str | None:
         route = self.route
         assert route is not None
-        proxy = self.proxy
-        host = choose(
-            route.hosts,
+        traffic = self.proxy.traffic
+        host = choose_for_route(
+            route,
             self.model,
-            proxy.table.view,
-            policy=route.policy,
-            in_flight=proxy.in_flight,
-            turn=proxy.turns[route.name],
+            self.proxy.table.view,
+            traffic.in_flight,
+            traffic.turns[route.name],
             exclude=self.tried,
         )
-        if host is None and route.when_all_down == "try_all":
-            host = next((h for h in route.hosts if h not in self.tried), None)
         if host is not None and not self.tried and route.policy == "round_robin":
-            proxy.turns[route.name] += 1
+            traffic.turns[route.name] += 1
         return host
 
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
@@ -447,36 +228,9 @@ class Exchange:
         d.addErrback(self._crashed)
 
     def _count(self, host: str | None) -> None:
-        """Keep ``in_flight`` right as the request moves from host to host."""
-        in_flight = self.proxy.in_flight
-        if self._counted is not None:
-            in_flight[self._counted] -= 1
-        if host is not None:
-            in_flight[host] += 1
+        """Keep the requests in flight right as the request moves from host to host."""
+        self.proxy.traffic.move(self._counted, host)
         self._counted = host
-
-    def _upstream_headers(self) -> bytes:
-        """The client's headers as lines for the host: hop-by-hop ones dropped, and the
-        ``X-Forwarded-*`` set by crossbar (the client's own are extended or replaced)."""
-        request = self.request
-        incoming = request.requestHeaders
-        drop = _NOT_FORWARDED
-        for value in incoming.getRawHeaders(b"connection", ()):
-            drop = drop | {token.strip().lower() for token in value.split(b",")}
-        lines = []
-        for name, values in incoming.getAllRawHeaders():
-            if name.lower() not in drop:
-                for value in values:
-                    lines.append(b"%s: %s\r\n" % (name, _one_line(value)))
-        client = getattr(request.getClientAddress(), "host", None) or "unknown"
-        forwarded = [*incoming.getRawHeaders(b"x-forwarded-for", ()), client.encode()]
-        lines.append(b"X-Forwarded-For: %s\r\n" % _one_line(b", ".join(forwarded)))
-        proto = b"https" if request.isSecure() else b"http"
-        lines.append(b"X-Forwarded-Proto: %s\r\n" % proto)
-        host_header = incoming.getRawHeaders(b"host")
-        if host_header:
-            lines.append(b"X-Forwarded-Host: %s\r\n" % _one_line(host_header[0]))
-        return b"".join(lines)
 
     def _got_response(self, response: Response) -> None:
         self._pending = None
@@ -486,7 +240,7 @@ class Exchange:
         assert host is not None
         now = proxy.clock.seconds()
         self.first_byte = now - self.started
-        self._judge(host, response.code, now - self._attempt_started)
+        proxy.table.judge_answer(host, response.code, now - self._attempt_started)
         request = self.request
         if self.client_gone:
             response.deliverBody(Discard())
@@ -497,7 +251,7 @@ class Exchange:
         seen = set()
         for name, value in response.headers:
             lower = name.lower()
-            if lower in _NOT_RETURNED:
+            if lower in NOT_RETURNED:
                 continue
             if lower in seen:
                 out.addRawHeader(name, value)
@@ -515,17 +269,6 @@ class Exchange:
         if not self.finished and not self.client_gone:
             body.arm()
             request.registerProducer(body, True)
-
-    def _judge(self, host: str, code: int, latency: float) -> None:
-        """Passive health: a real answer can count as a failure of its host."""
-        settings = self.proxy.settings[host]
-        table = self.proxy.table
-        if code in settings.unhealthy_status:
-            table.request_failed(host, f"HTTP {code}")
-        elif settings.unhealthy_latency is not None and latency > settings.unhealthy_latency:
-            table.request_failed(host, f"answered after {latency:.1f}s")
-        else:
-            table.request_ok(host)
 
     def _stop_deadline(self) -> None:
         if self._deadline is not None:

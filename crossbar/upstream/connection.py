@@ -1,34 +1,30 @@
-"""The proxy's HTTP/1.1 client for its hosts: kept-alive connections per host, one
-request at a time on each, the answer's body handed to a protocol as it arrives.
+"""One kept-alive HTTP/1.1 connection to a host: it sends a request, reads the answer,
+and hands the body to a protocol as it arrives.
 
-Twisted's ``Agent`` does the same through layers a proxy does not need and that
-cost about a third of crossbar's CPU per request: a URL parsed for every request, a
-chain of Deferreds to write a body already in memory, a line-by-line response
-parser, a pause and a resume of every pooled connection. Here the request goes out
-in one ``write``, the status line and headers are parsed in one pass, and chunked bodies
-are sliced out of the bytes as they arrive. The failures are Twisted's
-(``ResponseNeverReceived`` before the status line, ``ResponseFailed`` in the body,
-``ResponseDone`` at the end), so the proxy reads them as it would an Agent's.
+The failures are Twisted's (``ResponseNeverReceived`` before the status line,
+``ResponseFailed`` in the body, ``ResponseDone`` at the end), so the proxy reads them
+as it would an ``Agent``'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet import error, tcp
-from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IPushProducer, IReactorTime, IStreamClientEndpoint
+from twisted.internet import tcp
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
-from crossbar.connect import IDLE_POOL_TIMEOUT, endpoint_for
-from crossbar.writing import direct, write_now
+from crossbar._twisted import direct, write_now
+
+if TYPE_CHECKING:
+    from crossbar.upstream.pool import Upstreams, _Call
 
 MAX_HEAD = 64 * 1024
 """Largest status line and headers accepted from a host."""
@@ -55,7 +51,7 @@ class Response:
     """As sent, in order, names as the host spelled them."""
     length: int | None
     """From ``Content-Length``; ``None`` when chunked or until the connection closes."""
-    _connection: _Connection
+    _connection: Connection
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _early: list[bytes] = attrs.field(factory=list, init=False)
     _ended: Failure | None = attrs.field(default=None, init=False)
@@ -188,16 +184,16 @@ class _Chunked:
                 raise BadAnswer("trailers too long")
 
 
-_IDLE, _HEAD, _BODY, _CLOSED = range(4)
+IDLE, _HEAD, _BODY, _CLOSED = range(4)
 
 
-class _Connection(Protocol):
+class Connection(Protocol):
     """One kept-alive connection to a host; answers one :class:`_Call` at a time."""
 
     def __init__(self, pool: Upstreams, host: str) -> None:
         self.pool = pool
         self.host = host
-        self.state = _IDLE
+        self.state = IDLE
         self.idle_since = 0.0
         self.reused = False
         self._call: _Call | None = None
@@ -241,7 +237,7 @@ class _Connection(Protocol):
             self._got_bytes = True
             self._buffer += data
             self._head()
-        elif state == _IDLE:
+        elif state == IDLE:
             self.abort()  # a host must not speak unasked
 
     def _head(self) -> None:
@@ -363,7 +359,7 @@ class _Connection(Protocol):
             self.state = _CLOSED
             self._lose()
         else:
-            self.state = _IDLE
+            self.state = IDLE
             if self._paused:
                 self.resume()
             self.pool.release(self)
@@ -420,207 +416,12 @@ class _Connection(Protocol):
             d.callback(None)
 
 
-class _Factory(ClientFactory):
+class ConnectionFactory(ClientFactory):
     noisy = False
 
     def __init__(self, pool: Upstreams, host: str) -> None:
         self._pool = pool
         self._host = host
 
-    def buildProtocol(self, addr: Any) -> _Connection:
-        return _Connection(self._pool, self._host)
-
-
-class _Call:
-    """One request to one host, until its status line arrives.
-
-    A kept-alive connection that the host closed just as it was reused fails before a
-    single byte of answer; such a request is sent once more, on a new connection: a host
-    closes an idle connection, not one it is answering on. Counting it as a failure would
-    mark a healthy host down.
-    """
-
-    def __init__(self, pool: Upstreams, host: str, data: bytes, head_only: bool) -> None:
-        self.pool = pool
-        self.host = host
-        self.data = data
-        self.head_only = head_only
-        self.result: Deferred[Response] = Deferred(self._cancel)
-        self._connecting: Deferred[_Connection] | None = None
-        self._connection: _Connection | None = None
-        self._retried = False
-        self._cancelled = False
-
-    def start(self) -> None:
-        connection = self.pool.take(self.host)
-        if connection is not None:
-            self._send(connection)
-        else:
-            self._connect()
-
-    def _connect(self) -> None:
-        d = self.pool.connect(self.host)
-        self._connecting = d
-        d.addCallbacks(self._connected, self.fail)
-
-    def _connected(self, connection: _Connection) -> None:
-        self._connecting = None
-        if self.result.called:  # cancelled meanwhile
-            self.pool.release(connection)
-        else:
-            self._send(connection)
-
-    def fail(self, reason: Failure) -> None:
-        self._connecting = self._connection = None
-        if not self.result.called and not self._cancelled:
-            self.result.errback(reason)
-
-    def _send(self, connection: _Connection) -> None:
-        self._connection = connection
-        connection.send(self, self.data, self.head_only)
-
-    def answered(self, response: Response) -> None:
-        self._connection = None
-        self.result.callback(response)
-
-    def lost(self, connection: _Connection, reason: Failure, got_bytes: bool) -> None:
-        self._connection = None
-        if self.result.called:
-            return
-        stale = connection.reused and not got_bytes and not self._retried
-        if stale and reason.check(error.ConnectionDone, error.ConnectionLost):
-            self._retried = True
-            self._connect()
-            return
-        self.result.errback(Failure(ResponseNeverReceived([reason])))
-
-    def _cancel(self, result: Deferred[Response]) -> None:
-        # The result fails with CancelledError (which addTimeout turns into a timeout),
-        # not with whatever cancelling the connection attempt reports.
-        self._cancelled = True
-        if self._connecting is not None:
-            self._connecting.cancel()
-        if self._connection is not None:
-            connection, self._connection = self._connection, None
-            connection.cancel()
-
-
-class Upstreams:
-    """Sends requests to the configured hosts over kept-alive connections.
-
-    Idle connections are reused newest first, closed after ``idle_timeout`` seconds
-    (one timer for the whole pool), and at most ``max_idle`` are kept per host.
-    """
-
-    def __init__(
-        self,
-        reactor: Any,
-        urls: Mapping[str, str],
-        connect_timeouts: Mapping[str, float],
-        max_idle: int = 64,
-        idle_timeout: float = IDLE_POOL_TIMEOUT,
-        clock: IReactorTime | None = None,
-    ) -> None:
-        self._clock: IReactorTime = clock or reactor
-        self._max_idle = max_idle
-        self._idle_timeout = idle_timeout
-        self._endpoints: dict[str, IStreamClientEndpoint] = {}
-        self._factories: dict[str, _Factory] = {}
-        self._prefix: dict[str, bytes] = {}
-        self._host_line: dict[str, bytes] = {}
-        for name, url in urls.items():
-            target = endpoint_for(reactor, url, connect_timeouts.get(name, 5.0))
-            self._endpoints[name] = target.endpoint
-            self._prefix[name] = target.path.rstrip(b"/")
-            self._host_line[name] = b"Host: " + target.authority + b"\r\n"
-            self._factories[name] = _Factory(self, name)
-        self._idle: dict[str, list[_Connection]] = {name: [] for name in urls}
-        self._sweep: Any = None
-        self._closed = False
-
-    def request(
-        self, host: str, method: bytes, path: bytes, headers: bytes, body: bytes | None
-    ) -> Deferred[Response]:
-        """Send ``method path`` to ``host``; ``headers`` are whole lines (``Name: value\\r\\n``),
-        without ``Host`` and ``Content-Length``, which are added here. Fires with the
-        :class:`Response` once its headers are in; cancelling closes the connection."""
-        head = [method, b" ", self._prefix[host], path, b" HTTP/1.1\r\n", self._host_line[host]]
-        head.append(headers)
-        if body is not None:
-            head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-            head.append(body)
-        else:
-            head.append(b"\r\n")
-        call = _Call(self, host, b"".join(head), method == b"HEAD")
-        call.start()
-        return call.result
-
-    # -- the pool -----------------------------------------------------------------------------
-
-    def connect(self, host: str) -> Deferred[_Connection]:
-        d: Deferred[Any] = self._endpoints[host].connect(self._factories[host])
-        return d
-
-    def take(self, host: str) -> _Connection | None:
-        idle = self._idle[host]
-        while idle:
-            connection = idle.pop()
-            if connection.idle_since <= self._clock.seconds() - self._idle_timeout:
-                # Stale, and so is everything older beneath it.
-                idle.append(connection)
-                self._expire(host, len(idle))
-                return None
-            if connection.state == _IDLE:  # not closing already
-                connection.reused = True
-                return connection
-        return None
-
-    def release(self, connection: _Connection) -> None:
-        """A connection whose answer is complete: keep it for the next request."""
-        if connection.state != _IDLE:
-            return
-        idle = self._idle[connection.host]
-        if len(idle) >= self._max_idle or self._closed:
-            connection.abort()
-            return
-        connection.idle_since = self._clock.seconds()
-        idle.append(connection)
-        if self._sweep is None:
-            self._sweep = self._clock.callLater(self._idle_timeout, self._swept)
-
-    def forget(self, connection: _Connection) -> None:
-        idle = self._idle[connection.host]
-        if idle and connection in idle:
-            idle.remove(connection)
-
-    def _swept(self) -> None:
-        self._sweep = None
-        deadline = self._clock.seconds() - self._idle_timeout
-        oldest = None
-        for host, idle in self._idle.items():
-            stale = sum(1 for c in idle if c.idle_since <= deadline)
-            self._expire(host, stale)
-            if idle and (oldest is None or idle[0].idle_since < oldest):
-                oldest = idle[0].idle_since
-        if oldest is not None:
-            delay = max(oldest + self._idle_timeout - self._clock.seconds(), 0.01)
-            self._sweep = self._clock.callLater(delay, self._swept)
-
-    def _expire(self, host: str, count: int) -> list[Deferred[None]]:
-        idle = self._idle[host]
-        stale, idle[:count] = idle[:count], []
-        return [connection.close() for connection in stale]
-
-    def close(self) -> Deferred[Any]:
-        """Close the idle connections and keep no more (crossbar is stopping)."""
-        self._closed = True
-        return self.drop_idle()
-
-    def drop_idle(self) -> Deferred[Any]:
-        """Close the idle connections; fires once they are closed (answers still
-        streaming are left to finish or be cut off by their own side)."""
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        closing = [d for host in self._idle for d in self._expire(host, len(self._idle[host]))]
-        return DeferredList(closing)
+    def buildProtocol(self, addr: Any) -> Connection:
+        return Connection(self._pool, self._host)

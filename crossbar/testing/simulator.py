@@ -4,7 +4,7 @@ It answers the way a real ``llama-server`` does (router mode by default, or sing
 mode): the same status codes, JSON shapes, error shapes, headers and SSE framing.  On top of
 that it records every request and can be told to misbehave (``fault``), so tests can prove
 how crossbar reacts to slow, broken or vanishing hosts.  Run it by hand with
-``python -m crossbar.simulator --listen 8081 --models tiny-a=loaded,tiny-b=unloaded``.
+``python -m crossbar.testing.simulator --listen 8081 --models tiny-a=loaded,tiny-b=unloaded``.
 
 It follows llama.cpp 0c1e57098 as observed (``tests/integration`` runs crossbar against that
 real server): a router's own answers carry ``Keep-Alive: timeout=5, max=100`` and a length,
@@ -930,7 +930,9 @@ def _parse_models(spec: str) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run simulated hosts until interrupted."""
-    parser = argparse.ArgumentParser(prog="python -m crossbar.simulator", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m crossbar.testing.simulator", description=__doc__
+    )
     parser.add_argument("--listen", type=int, default=8081, help="port of the host (default 8081)")
     parser.add_argument("--interface", default="127.0.0.1")
     parser.add_argument("--models", default="tiny-a=loaded,tiny-b=unloaded", help="id=status,...")

@@ -2,7 +2,7 @@
 
 Request metrics are counted as each proxied request ends (:meth:`Metrics.request_done`
 is the proxy's observer). Fleet metrics (in flight, host up, polls) are not copied
-anywhere: a collector reads them from the health table and the proxy at scrape time.
+anywhere: a collector reads them from the health table and the traffic at scrape time.
 The registry is per :class:`Metrics`, never the process-wide one, so that any number
 of crossbars (as in the tests) can live in one process.
 """
@@ -10,7 +10,6 @@ of crossbars (as in the tests) can live in one process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,9 +21,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossbar.health import HealthTable
+from crossbar.fleet import HealthTable, Traffic
 
-__all__ = ["CONTENT_TYPE", "HasInFlight", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 NO_HOST = "-"
@@ -36,26 +35,19 @@ FIRST_BYTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 """Up to the upstream's answer head: includes prompt processing and any model load."""
 
 
-class HasInFlight(Protocol):
-    """The part of the proxy read at scrape time: requests in flight by host."""
-
-    @property
-    def in_flight(self) -> Mapping[str, int]: ...
-
-
 class _FleetCollector:
-    """Reads host gauges and poll counters from the table and the proxy when scraped."""
+    """Reads host gauges and poll counters from the table and the traffic when scraped."""
 
-    def __init__(self, table: HealthTable, proxy: HasInFlight) -> None:
+    def __init__(self, table: HealthTable, traffic: Traffic) -> None:
         self._table = table
-        self._proxy = proxy
+        self._traffic = traffic
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
 
     def collect(self) -> Iterable[Metric]:
         up, polls, failures, in_flight = families = self._families()
-        in_flight_now = self._proxy.in_flight
+        in_flight_now = self._traffic.in_flight
         for name, state in self._table.snapshot().items():
             up.add_metric([name], 1 if state.healthy else 0)
             polls.add_metric([name], state.polls)
@@ -99,7 +91,7 @@ class _Children:
 class Metrics:
     """The proxy's observer and the source of ``/_crossbar/metrics``."""
 
-    def __init__(self, table: HealthTable, proxy: HasInFlight) -> None:
+    def __init__(self, table: HealthTable, traffic: Traffic) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "crossbar_requests",
@@ -127,7 +119,7 @@ class Metrics:
             ["route", "host"],
             registry=self.registry,
         )
-        self.registry.register(_FleetCollector(table, proxy))
+        self.registry.register(_FleetCollector(table, traffic))
         self._children: dict[tuple[str, str], _Children] = {}
         self._codes: dict[tuple[str, str, int], Counter] = {}
 

@@ -1,0 +1,101 @@
+"""Every private attribute of Twisted that crossbar uses, and nowhere else.
+
+Twisted does not promise these; each was read in Twisted 24.7 through 26.10 (the
+range ``setup.cfg`` allows) and ``tests/test_twisted_private.py`` fails loudly, naming
+the attribute, if a release renames or drops one. Before widening the range, read
+each use below against the new release's source.
+
+- ``tcp.Connection._tempDataLen``, ``._writeDisconnected``, ``._aborting``: whether a
+  socket has nothing queued and is still open for writing (:func:`write_now`);
+- ``HTTPChannel._command``, ``._path``: the request line of a request refused before
+  twisted.web made a ``Request`` of it (for its log line);
+- ``HTTPChannel._handlingRequest``: whether a request is being answered (the header
+  deadline starts only between requests);
+- ``Request._disconnected``: the client has gone (writes would be dropped);
+- ``HTTPConnectionPool._factory`` and ``twisted.web.client._HTTP11ClientFactory``: a
+  pool that does not log two lines for every connection the poller opens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import tcp
+from twisted.web import http
+from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
+
+TESTED_TWISTED = ">=24.7,<27"
+"""The Twisted releases this module was checked against (as in setup.cfg)."""
+
+
+# -- sockets: write at once when nothing is queued ------------------------------------------
+
+
+def direct(transport: object) -> tcp.Connection | None:
+    """The plain TCP connection under ``transport``, if it is one (TLS is left alone)."""
+    if isinstance(transport, tcp.Connection) and not transport.TLS:
+        return transport
+    return None
+
+
+def write_now(connection: tcp.Connection | None, transport: Any, data: bytes) -> None:
+    """Write ``data`` to ``transport``, sending what the socket takes right away when
+    ``connection`` (from :func:`direct`) has nothing queued.
+
+    Twisted queues every ``write()`` until the next reactor turn and registers the
+    socket for writing in between: two ``epoll_ctl`` calls and a wake-up per write, a
+    sixth of crossbar's CPU for a streamed chunk. With an empty queue, sending now is
+    what the reactor would do next anyway; whatever the socket does not take (and any
+    error) goes to the transport as usual, so ordering, backpressure and error handling
+    stay Twisted's. Nothing is sent this way after ``abortConnection`` or over TLS.
+    """
+    if (
+        connection is not None
+        and not connection.dataBuffer
+        and not connection._tempDataLen
+        and connection.connected
+        and not connection.disconnecting
+        and not connection._writeDisconnected
+        and not connection._aborting
+        and not connection.TLS
+    ):
+        limit = connection.SEND_LIMIT  # as Twisted sends at most, for the same backpressure
+        try:
+            sent = connection.socket.send(data if len(data) <= limit else memoryview(data)[:limit])
+        except OSError:
+            sent = 0  # full (EAGAIN) or broken: the transport queues it, or finds the error
+        if sent == len(data):
+            return
+        data = data[sent:]
+    transport.write(data)
+
+
+# -- twisted.web's server side --------------------------------------------------------------
+
+
+def request_line(channel: http.HTTPChannel) -> tuple[bytes, bytes]:
+    """Method and target of the request the channel is reading (``b"-"`` when unknown)."""
+    return getattr(channel, "_command", None) or b"-", getattr(channel, "_path", None) or b"-"
+
+
+def handling_request(channel: http.HTTPChannel) -> bool:
+    """Whether the channel is answering a request (pipelined bytes wait meanwhile)."""
+    return bool(channel._handlingRequest)
+
+
+def client_gone(request: http.Request) -> bool:
+    """Whether the request's connection has been lost."""
+    return bool(request._disconnected)
+
+
+# -- the poller's Agent ---------------------------------------------------------------------
+
+
+class _QuietClientFactory(_HTTP11ClientFactory):
+    noisy = False
+
+
+class QuietPool(HTTPConnectionPool):
+    """A pool that does not log two lines for every upstream connection."""
+
+    _factory = _QuietClientFactory

@@ -1,0 +1,32 @@
+"""crossbar.yaml: the checked configuration, and the loader that checks it."""
+
+from crossbar.config.fields import LISTEN_BACKLOG, parse_duration, parse_listen, tcp_address
+from crossbar.config.load import ConfigError, load_config, parse_config
+from crossbar.config.model import (
+    POLICIES,
+    WHEN_ALL_DOWN,
+    Config,
+    HostConfig,
+    HostSettings,
+    Policy,
+    RouteConfig,
+    WhenAllDown,
+)
+
+__all__ = [
+    "LISTEN_BACKLOG",
+    "POLICIES",
+    "WHEN_ALL_DOWN",
+    "Config",
+    "ConfigError",
+    "HostConfig",
+    "HostSettings",
+    "Policy",
+    "RouteConfig",
+    "WhenAllDown",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_listen",
+    "tcp_address",
+]

@@ -1,0 +1,143 @@
+"""Parsers for the values of crossbar.yaml's keys: each takes what YAML gave and
+returns the checked value, or raises ``ValueError`` whose text names the problem."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=[^:]*)*)")
+LISTEN_BACKLOG = 1024
+"""Pending connections a TCP port accepts: Twisted's default of 50 makes a burst of
+agents connecting at once wait a second for the kernel to retry."""
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"`` or a number; must be > 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 5s, 2m, 1h)")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    else:
+        raise ValueError(f"not a duration: {value!r}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"must be more than zero, not {value!r}")
+    return seconds
+
+
+def parse_url(value: object) -> str:
+    """Check an ``http(s)://host[:port][/path]`` base URL; return it without a trailing slash."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a URL string, not {value!r}")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"not a valid URL: {value!r} ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be http(s)://host[:port][/path], not {value!r}")
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        raise ValueError(f"must have no query or fragment: {value!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry credentials")
+    if port == 0:
+        raise ValueError(f"port must be 1-65535: {value!r}")
+    return value.rstrip("/")
+
+
+def parse_health_path(value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "?" in value or "#" in value:
+        raise ValueError(f"must be a path starting with / and without a query: {value!r}")
+    if value.rstrip("/") in ("/slots", "/metrics", "/props"):
+        raise ValueError(f"{value!r} makes a router load a model; use /health")
+    return value
+
+
+def parse_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be a whole number of at least 1, not {value!r}")
+    return value
+
+
+def parse_statuses(value: object) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599 for v in value
+    ):
+        raise ValueError(f"must be a list of HTTP status codes (100-599), not {value!r}")
+    return frozenset(value)
+
+
+def parse_optional_duration(value: object) -> float | None:
+    return None if value is None else parse_duration(value)
+
+
+SETTING_PARSERS: dict[str, Any] = {
+    "poll_interval": parse_duration,
+    "poll_timeout": parse_duration,
+    "health_path": parse_health_path,
+    "connect_timeout": parse_duration,
+    "header_timeout": parse_duration,
+    "idle_timeout": parse_duration,
+    "unhealthy_status": parse_statuses,
+    "unhealthy_latency": parse_optional_duration,
+    "max_fails": parse_count,
+    "recovery_polls": parse_count,
+}
+
+
+def tcp_address(listen: str) -> tuple[str, int, int]:
+    """``(interface, port, backlog)`` of a plain ``tcp:`` endpoint description."""
+    match = _TCP.fullmatch(listen)
+    if match is None:
+        raise ValueError(f"workers need a TCP listen address, not {listen!r}")
+    options = dict(part.split("=", 1) for part in match.group(2).split(":") if part)
+    unknown = set(options) - {"interface", "backlog"}
+    if unknown:
+        raise ValueError(f"workers cannot use {', '.join(sorted(unknown))} in {listen!r}")
+    backlog = int(options.get("backlog", LISTEN_BACKLOG))
+    return options.get("interface", ""), int(match.group(1)), backlog
+
+
+def parse_workers(value: object) -> int:
+    count = parse_count(value)
+    if count > 64:
+        raise ValueError(f"must be at most 64, not {count}")
+    return count
+
+
+def parse_listen(value: object) -> str:
+    """A bare port (all interfaces) or a Twisted server endpoint string."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a port or endpoint: {value!r}")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int):
+        if not 1 <= value <= 65535:
+            raise ValueError(f"port must be 1-65535, not {value}")
+        return f"tcp:{value}:backlog={LISTEN_BACKLOG}"
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"not a port or endpoint: {value!r}")
+    from twisted.internet.endpoints import serverFromString
+
+    try:
+        # Only parsed here: no reactor is needed until crossbar listens.
+        serverFromString(None, value)
+    except Exception as e:
+        raise ValueError(f"not a valid endpoint {value!r}: {e}") from None
+    match = re.search(r"^tcp6?:(?:port=)?(\d+)", value)
+    if match and not 0 <= int(match.group(1)) <= 65535:
+        raise ValueError(f"port must be 1-65535 in {value!r}")
+    if match and "backlog=" not in value:
+        # Twisted's default of 50 drops connections in a burst (retried only after 1 s).
+        value += f":backlog={LISTEN_BACKLOG}"
+    return value

@@ -1,0 +1,192 @@
+"""Load and check ``crossbar.yaml``.
+
+Every problem becomes one :class:`ConfigError` naming the file, the key as a dotted
+path and what is wrong, so that a bad config stops start-up with one readable line
+instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import yaml
+
+from crossbar.config.fields import (
+    SETTING_PARSERS,
+    parse_listen,
+    parse_url,
+    parse_workers,
+    tcp_address,
+)
+from crossbar.config.model import (
+    POLICIES,
+    SETTING_KEYS,
+    WHEN_ALL_DOWN,
+    Config,
+    HostConfig,
+    HostSettings,
+    Policy,
+    RouteConfig,
+    WhenAllDown,
+)
+
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+_RESERVED_ROUTES = frozenset({"_crossbar"})
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; ``str()`` is the one line shown to the user."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source = source
+        self.key = key
+        self.problem = problem
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {problem}")
+
+
+class _Reader:
+    """Walks the YAML tree and turns every problem into a ConfigError with its key path."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(self.source, key, problem)
+
+    def mapping(self, value: object, key: str, allowed: set[str] | None) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, not {_kind(value)}")
+        for k in value:
+            if not isinstance(k, str):
+                raise self.fail(key, f"keys must be strings, not {k!r}")
+            if allowed is not None and k not in allowed:
+                names = ", ".join(sorted(allowed))
+                raise self.fail(_join(key, k), f"unknown key (expected one of: {names})")
+        return value
+
+    def name(self, value: str, key: str) -> str:
+        if not NAME.fullmatch(value):
+            raise self.fail(key, f"name {value!r} must match [A-Za-z0-9._-]+")
+        return value
+
+    def one_of(self, key: str, value: object, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
+        return str(value)
+
+    def convert(self, key: str, parse: Any, value: object) -> Any:
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise self.fail(key, str(e)) from None
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
+    """Check a decoded YAML document and build the :class:`Config`."""
+    r = _Reader(source)
+    if data is None:
+        raise r.fail("", "is empty")
+    top = r.mapping(data, "", {"listen", "workers", "hosts", "routes"} | SETTING_KEYS)
+    for required in ("hosts", "routes"):
+        if required not in top:
+            raise r.fail(required, "is missing")
+    defaults = _settings(r, top, "", HostSettings())
+
+    hosts: dict[str, HostConfig] = {}
+    host_map = r.mapping(top["hosts"], "hosts", None)
+    if not host_map:
+        raise r.fail("hosts", "must name at least one host")
+    for name, spec in host_map.items():
+        key = f"hosts.{name}"
+        r.name(name, key)
+        if isinstance(spec, dict):
+            entry = r.mapping(spec, key, {"url"} | SETTING_KEYS)
+            if "url" not in entry:
+                raise r.fail(f"{key}.url", "is missing")
+            url = r.convert(f"{key}.url", parse_url, entry["url"])
+            own = _settings(r, entry, key, defaults)
+            hosts[name] = HostConfig(name, url, own if own != defaults else None)
+        else:
+            hosts[name] = HostConfig(name=name, url=r.convert(key, parse_url, spec))
+
+    routes: dict[str, RouteConfig] = {}
+    route_map = r.mapping(top["routes"], "routes", None)
+    if not route_map:
+        raise r.fail("routes", "must name at least one route")
+    for name, spec in route_map.items():
+        key = f"routes.{name}"
+        r.name(name, key)
+        if name in _RESERVED_ROUTES:
+            raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
+        body = r.mapping(spec, key, {"hosts", "default_model", "policy", "when_all_down"})
+        members = body.get("hosts")
+        if not isinstance(members, list) or not members:
+            raise r.fail(f"{key}.hosts", "must be a non-empty list of host names")
+        for i, member in enumerate(members):
+            if not isinstance(member, str) or member not in hosts:
+                raise r.fail(f"{key}.hosts", f"item {i}: unknown host {member!r}")
+        if len(set(members)) != len(members):
+            raise r.fail(f"{key}.hosts", "names a host twice")
+        model = body.get("default_model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise r.fail(f"{key}.default_model", "must be a non-empty model name")
+        policy = r.one_of(f"{key}.policy", body.get("policy", "priority"), POLICIES)
+        all_down = r.one_of(
+            f"{key}.when_all_down", body.get("when_all_down", "fail"), WHEN_ALL_DOWN
+        )
+        routes[name] = RouteConfig(
+            name, tuple(members), model, cast(Policy, policy), cast(WhenAllDown, all_down)
+        )
+
+    listen = r.convert("listen", parse_listen, top.get("listen", 7777))
+    workers = r.convert("workers", parse_workers, top.get("workers", 1))
+    if workers > 1:
+        r.convert("listen", tcp_address, listen)
+    return Config(
+        listen=listen,
+        workers=workers,
+        hosts=hosts,
+        routes=routes,
+        defaults=defaults,
+        source=source,
+    )
+
+
+def _settings(r: _Reader, section: dict[str, Any], key: str, base: HostSettings) -> HostSettings:
+    changes = {
+        name: r.convert(_join(key, name), SETTING_PARSERS[name], section[name])
+        for name in SETTING_KEYS
+        if name in section
+    }
+    return attrs.evolve(base, **changes)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and check a config file; every failure is a :class:`ConfigError`."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "", "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(source, "", f"cannot read: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(source, "", f"YAML syntax error: {line}{problem}") from None
+    return parse_config(data, source)

@@ -1,0 +1,95 @@
+"""What a checked ``crossbar.yaml`` says, as frozen attrs values.
+
+Nothing here reads files or talks to the network: the loader builds these, and every
+other part of crossbar only reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, get_args
+
+import attrs
+
+Policy = Literal["priority", "round_robin", "least_busy"]
+"""How a route picks among the hosts of its best group."""
+WhenAllDown = Literal["fail", "try_all"]
+"""What a route does when none of its hosts is healthy."""
+POLICIES: tuple[str, ...] = get_args(Policy)
+WHEN_ALL_DOWN: tuple[str, ...] = get_args(WhenAllDown)
+
+
+def _trim_slash(url: str) -> str:
+    return url.rstrip("/")
+
+
+@attrs.frozen
+class HostSettings:
+    """Per-host timeouts and health rules. Top-level keys of crossbar.yaml set them for
+    every host; a host written in mapping form (``{url: ..., max_fails: 3}``) may override."""
+
+    poll_interval: float = 5.0
+    poll_timeout: float = 5.0
+    health_path: str = "/health"
+    connect_timeout: float = 5.0
+    header_timeout: float = 900.0
+    """Time to the upstream's status line: a router loading a model holds the request."""
+    idle_timeout: float = 300.0
+    """Longest gap between two chunks of an answer's body."""
+    unhealthy_status: frozenset[int] = frozenset()
+    """Status codes of real answers that count as failures of the host."""
+    unhealthy_latency: float | None = None
+    """Time to status line above which a real request counts as a failure."""
+    max_fails: int = 1
+    """Consecutive failed real requests before the host is marked down."""
+    recovery_polls: int = 2
+    """Good polls in a row before a host that failed is trusted again."""
+
+
+SETTING_KEYS = frozenset(attrs.fields_dict(HostSettings))
+
+
+@attrs.frozen
+class HostConfig:
+    name: str
+    url: str = attrs.field(converter=_trim_slash)
+    """Base URL without a trailing slash; a path prefix is kept."""
+    settings: HostSettings | None = None
+    """This host's own settings; ``None`` takes the config's defaults."""
+
+
+@attrs.frozen
+class RouteConfig:
+    name: str
+    hosts: tuple[str, ...]
+    default_model: str | None
+    policy: Policy = "priority"
+    when_all_down: WhenAllDown = "fail"
+
+
+def _resolve(config: Config) -> Mapping[str, HostSettings]:
+    return {
+        name: host.settings if host.settings is not None else config.defaults
+        for name, host in config.hosts.items()
+    }
+
+
+@attrs.frozen
+class Config:
+    listen: str
+    """A Twisted server endpoint description."""
+    hosts: Mapping[str, HostConfig]
+    routes: Mapping[str, RouteConfig]
+    defaults: HostSettings = HostSettings()
+    source: str = "crossbar.yaml"
+    workers: int = 1
+    """Processes sharing the listening port (each with its own health table)."""
+    settings: Mapping[str, HostSettings] = attrs.field(
+        init=False, default=attrs.Factory(_resolve, takes_self=True), eq=False
+    )
+    """Every host's settings, its own or the defaults: resolved once, read everywhere."""
+
+    @property
+    def urls(self) -> dict[str, str]:
+        """Host name -> base URL."""
+        return {name: host.url for name, host in self.hosts.items()}

@@ -1,0 +1,16 @@
+"""The fleet: what crossbar knows of its hosts, how it learns it, and how it chooses."""
+
+from crossbar.fleet.choice import choose, choose_for_route, routes_down
+from crossbar.fleet.listing import parse_models
+from crossbar.fleet.state import HealthTable, HostState
+from crossbar.fleet.traffic import Traffic
+
+__all__ = [
+    "HealthTable",
+    "HostState",
+    "Traffic",
+    "choose",
+    "choose_for_route",
+    "parse_models",
+    "routes_down",
+]

@@ -1,0 +1,202 @@
+"""The health poller: ``GET /health`` then ``GET /v1/models`` of every host, on a
+``LoopingCall`` per host, with treq.
+
+It never asks ``/slots``, ``/metrics`` or ``/props?model=``: in router mode those make
+llama-server load a model. What it learns goes into the :class:`HealthTable`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import treq
+from twisted.application.service import Service
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
+from twisted.web.iweb import IResponse
+
+from crossbar.fleet.listing import parse_models
+from crossbar.fleet.state import HealthTable
+from crossbar.upstream.failures import describe, is_cancellation, stop_producing
+
+MAX_POLL_BODY = 1024 * 1024
+"""Largest answer a poll reads: a model list is a few KiB."""
+
+
+class _HTTPGetter(Protocol):
+    """The part of treq's ``HTTPClient`` (or ``StubTreq``) the poller uses."""
+
+    def get(self, url: str, /, *, allow_redirects: bool = ...) -> Deferred[Any]: ...
+
+
+class _Watched:
+    """A response that remembers who reads its body, so a poll given up on (timed
+    out, or crossbar stopping) can close the connection: ``treq.collect`` cannot."""
+
+    def __init__(self, response: IResponse) -> None:
+        self.length = response.length
+        self._response = response
+        self._reader: Any = None
+
+    def deliverBody(self, protocol: Any) -> None:
+        self._reader = protocol
+        self._response.deliverBody(protocol)
+
+    def stop(self) -> None:
+        if self._reader is not None:
+            stop_producing(self._reader.transport)
+
+
+def read_limited(response: IResponse, limit: int) -> Deferred[bytes]:
+    """The body, through ``treq.collect``, refused (and its connection closed) past
+    ``limit`` bytes; cancelling closes the connection too."""
+    parts: list[bytes] = []
+    size = 0
+
+    def keep(data: bytes) -> None:
+        nonlocal size
+        size += len(data)
+        if size > limit:
+            raise PollError(f"answer larger than {limit} bytes")
+        parts.append(data)
+
+    watched = _Watched(response)
+    result: Deferred[bytes] = Deferred(lambda _: watched.stop())
+
+    def done(outcome: object) -> None:
+        if result.called:  # given up on already
+            return
+        if isinstance(outcome, Failure):
+            result.errback(outcome)
+        else:
+            result.callback(b"".join(parts))
+
+    treq.collect(watched, keep).addBoth(done)  # type: ignore[arg-type]
+    if isinstance(response.length, int) and response.length > limit and not result.called:
+        watched.stop()
+        result.errback(PollError(f"answer larger than {limit} bytes"))
+    return result
+
+
+def discard(response: IResponse) -> None:
+    """Close the connection of an answer whose body nobody wants."""
+    watched = _Watched(response)
+    treq.collect(watched, lambda _: None).addErrback(lambda _: None)  # type: ignore[arg-type]
+    watched.stop()
+
+
+class PollError(Exception):
+    """A poll failed; ``str()`` is the ``last_err`` text."""
+
+
+class Poller(Service):
+    """Polls every host of a table at start and then every ``poll_interval`` of that host.
+
+    Each host has its own ``LoopingCall``, so hosts are polled concurrently and
+    independently: a slow host delays no other, and a host whose previous poll is
+    still running is skipped on that tick rather than polled twice.
+    """
+
+    def __init__(
+        self,
+        table: HealthTable,
+        client: _HTTPGetter,
+        clock: IReactorTime,
+    ) -> None:
+        self.table = table
+        self._client = client
+        self._clock = clock
+        self._running: dict[str, Deferred[None]] = {}
+        self._loops: dict[str, LoopingCall] = {}
+        self._stopping = False
+
+    def startService(self) -> None:
+        super().startService()
+        self._stopping = False
+        for name in self.table.names:
+            loop = LoopingCall(self.tick, name)
+            loop.clock = self._clock
+            self._loops[name] = loop
+            loop.start(self.table.settings[name].poll_interval, now=True)
+
+    def stopService(self) -> Deferred[Any]:
+        super().stopService()
+        self._stopping = True
+        for loop in self._loops.values():
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
+        running = list(self._running.values())
+        for d in running:
+            d.cancel()
+        return DeferredList(running, consumeErrors=True)
+
+    def tick(self, name: str) -> None:
+        """Start a poll of one host unless one is running."""
+        if name not in self._running:
+            self.poll_now(name)
+
+    def poll_now(self, name: str) -> Deferred[None]:
+        d = Deferred.fromCoroutine(self.poll(name))
+        if not d.called:
+            self._running[name] = d
+            d.addBoth(self._done, name)
+        return d
+
+    def _done(self, result: object, name: str) -> object:
+        self._running.pop(name, None)
+        return result
+
+    async def poll(self, name: str) -> None:
+        """Poll one host and record the outcome; never raises except on cancellation."""
+        state = self.table.get(name)
+        if state is None:
+            return
+        settings = self.table.settings[name]
+        try:
+            await self._get(state.url + settings.health_path, "health", settings.poll_timeout)
+            body = await self._get(state.url + "/v1/models", "models", settings.poll_timeout)
+            try:
+                loaded, known = parse_models(body)
+            except ValueError as e:
+                raise PollError(f"models: bad answer: {e}") from None
+        except CancelledError:
+            if self._stopping:
+                return
+            self.table.record_failure(name, "poll cancelled")
+        except PollError as e:
+            self.table.record_failure(name, str(e))
+        except Exception as e:  # a failing host must never stop the poller
+            self.table.record_failure(name, f"poll: {describe(e)}")
+        else:
+            self.table.record_ok(name, loaded, known)
+
+    async def _get(self, url: str, what: str, timeout: float) -> bytes:
+        d = Deferred.fromCoroutine(self._fetch(url, what))
+        d.addTimeout(timeout, self._clock)
+        try:
+            return await d
+        except DeferredTimeout:
+            raise PollError(f"{what}: timed out after {timeout:g}s") from None
+
+    async def _fetch(self, url: str, what: str) -> bytes:
+        try:
+            response = await self._client.get(url, allow_redirects=False)
+        except Exception as e:
+            if is_cancellation(e):
+                raise CancelledError() from None
+            raise PollError(f"{what}: {describe(e)}") from None
+        if response.code != 200:
+            discard(response)
+            raise PollError(f"{what}: HTTP {response.code}")
+        try:
+            return await read_limited(response, MAX_POLL_BODY)
+        except PollError as e:
+            raise PollError(f"{what}: {e}") from None
+        except Exception as e:
+            if is_cancellation(e):
+                raise CancelledError() from None
+            raise PollError(f"{what}: {describe(e)}") from None

@@ -1,0 +1,180 @@
+"""The health table: who is up, and which models each host has resident.
+
+A :class:`HealthTable` holds one immutable :class:`HostState` per host and is the
+single source of truth the proxy and the status pages read. The poller
+(:mod:`crossbar.fleet.poller`) and the proxy's passive checks feed it; the rules of
+when a host is trusted again live here, with no I/O, so each is cheap to test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import attrs
+
+from crossbar.config import HostSettings
+
+
+class Clock(Protocol):
+    """What the table needs of a reactor: the time."""
+
+    def seconds(self) -> float: ...
+
+
+@attrs.frozen
+class HostState:
+    """What crossbar knows of one host. Immutable: readers can never change the table."""
+
+    name: str
+    url: str
+    healthy: bool = False
+    loaded: tuple[str, ...] = ()
+    known: tuple[str, ...] = ()
+    consecutive: int = 0
+    last_ok: float | None = None
+    last_err: str = ""
+    has_failed: bool = False
+    polled: bool = False
+    """A poll of this host has ended (either way); until then its state is unknown."""
+    polls: int = 0
+    poll_failures: int = 0
+    fails: int = 0
+    """Real requests that failed in a row (passive health), reset by one that did not."""
+
+    @property
+    def state(self) -> str:
+        if not self.polled and not self.has_failed:
+            return "unknown"
+        return "up" if self.healthy else "down"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "state": self.state,
+            "loaded": list(self.loaded),
+            "known": list(self.known),
+            "consecutive": self.consecutive,
+            "last_ok": self.last_ok,
+            "last_err": self.last_err,
+        }
+
+
+class HealthTable:
+    """Per-host state, changed only through :meth:`record_ok` and :meth:`record_failure`."""
+
+    def __init__(
+        self,
+        hosts: Mapping[str, str],
+        clock: Clock,
+        settings: Mapping[str, HostSettings] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._states = {name: HostState(name=name, url=url) for name, url in hosts.items()}
+        self._view = MappingProxyType(self._states)
+        default = HostSettings()
+        self.settings: Mapping[str, HostSettings] = {
+            name: (settings or {}).get(name, default) for name in hosts
+        }
+        """Every host's settings: the one place the poller and the proxy read them."""
+        self._listeners: list[Callable[[HostState, HostState], None]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._states)
+
+    def get(self, name: str) -> HostState | None:
+        return self._states.get(name)
+
+    @property
+    def view(self) -> Mapping[str, HostState]:
+        """A live read-only view of the states: nothing copied, for the request path."""
+        return self._view
+
+    def snapshot(self) -> dict[str, HostState]:
+        """A new dict of the current (immutable) states."""
+        return dict(self._states)
+
+    def on_change(self, listener: Callable[[HostState, HostState], None]) -> None:
+        """Call ``listener(old, new)`` whenever a host's ``state`` changes."""
+        self._listeners.append(listener)
+
+    def record_ok(self, name: str, loaded: Iterable[str], known: Iterable[str]) -> None:
+        old = self._states.get(name)
+        if old is None:
+            return
+        consecutive = old.consecutive + 1
+        healthy = not old.has_failed or consecutive >= self.settings[name].recovery_polls
+        self._set(
+            attrs.evolve(
+                old,
+                healthy=healthy,
+                fails=0 if healthy and not old.healthy else old.fails,
+                loaded=tuple(sorted(set(loaded))),
+                known=tuple(sorted(set(known))),
+                consecutive=consecutive,
+                last_ok=self._clock.seconds(),
+                last_err="",
+                polled=True,
+                polls=old.polls + 1,
+            )
+        )
+
+    def record_failure(self, name: str, reason: str, *, poll: bool = True) -> None:
+        old = self._states.get(name)
+        if old is None:
+            return
+        self._set(
+            attrs.evolve(
+                old,
+                healthy=False,
+                consecutive=0,
+                last_err=reason,
+                has_failed=True,
+                polled=old.polled or poll,
+                polls=old.polls + poll,
+                poll_failures=old.poll_failures + poll,
+            )
+        )
+
+    def mark_down(self, name: str, reason: str) -> None:
+        """Take a host out of service at once, whatever its ``max_fails``."""
+        self.record_failure(name, f"marked down: {reason}", poll=False)
+
+    def request_failed(self, name: str, reason: str) -> None:
+        """A real request to this host failed; ``max_fails`` in a row mark it down."""
+        old = self._states.get(name)
+        if old is None:
+            return
+        fails = old.fails + 1
+        if fails >= self.settings[name].max_fails:
+            self.mark_down(name, reason)
+            self._states[name] = attrs.evolve(self._states[name], fails=fails)
+        else:
+            self._states[name] = attrs.evolve(old, fails=fails)
+
+    def judge_answer(self, name: str, code: int, latency: float) -> None:
+        """Passive health: a real answer (its status, its time to the status line) can
+        count as a failure of its host, by the host's ``unhealthy_*`` settings."""
+        settings = self.settings[name]
+        if code in settings.unhealthy_status:
+            self.request_failed(name, f"HTTP {code}")
+        elif settings.unhealthy_latency is not None and latency > settings.unhealthy_latency:
+            self.request_failed(name, f"answered after {latency:.1f}s")
+        else:
+            self.request_ok(name)
+
+    def request_ok(self, name: str) -> None:
+        """A real request to this host went well: its run of failures is over."""
+        old = self._states.get(name)
+        if old is not None and old.fails:
+            self._states[name] = attrs.evolve(old, fails=0)
+
+    def _set(self, new: HostState) -> None:
+        old = self._states[new.name]
+        self._states[new.name] = new
+        if old.state != new.state:
+            for listener in self._listeners:
+                listener(old, new)

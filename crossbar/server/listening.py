@@ -1,0 +1,76 @@
+"""Listening: a service that opens crossbar's port (or fails start-up loudly), and
+an endpoint for a port several worker processes share (``SO_REUSEPORT``)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IProtocolFactory,
+    IStreamServerEndpoint,
+)
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from crossbar.config import tcp_address
+
+
+class Listener(Service):
+    """Listens on an endpoint; ``listening`` fires with the port once it is open.
+
+    A port that cannot be opened (in use, no permission) is raised from
+    ``startService`` so that twistd stops instead of running deaf.
+    """
+
+    def __init__(self, endpoint: IStreamServerEndpoint, factory: IProtocolFactory) -> None:
+        self._endpoint = endpoint
+        self._factory = factory
+        self.port: IListeningPort | None = None
+        self.listening: Deferred[IListeningPort] = Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        d = self._endpoint.listen(self._factory)
+        failures: list[Failure] = []
+        d.addCallbacks(self._listened, failures.append)
+        if failures:
+            self.running = False
+            failures[0].raiseException()
+
+    def _listened(self, port: IListeningPort) -> None:
+        self.port = port
+        self.listening.callback(port)
+
+    def stopService(self) -> Deferred[Any] | None:
+        super().stopService()
+        port, self.port = self.port, None
+        return port.stopListening() if port is not None else None
+
+
+@implementer(IStreamServerEndpoint)
+class ReusePortEndpoint:
+    """Listens on a TCP port that other processes may bind too (``SO_REUSEPORT``)."""
+
+    def __init__(self, reactor: Any, listen: str) -> None:
+        self._reactor = reactor
+        self._interface, self._port, self._backlog = tcp_address(listen)
+
+    def listen(self, factory: IProtocolFactory) -> Deferred[IListeningPort]:
+        family = socket.AF_INET6 if ":" in self._interface else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self._interface, self._port))
+            sock.listen(self._backlog)
+            sock.setblocking(False)
+            port = self._reactor.adoptStreamPort(sock.fileno(), family, factory)
+        except OSError as e:
+            return fail(e)
+        finally:
+            sock.close()  # the reactor holds its own copy of the descriptor
+        return succeed(port)

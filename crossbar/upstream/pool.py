@@ -1,0 +1,218 @@
+"""The proxy's HTTP/1.1 client for its hosts: kept-alive connections per host, one
+request at a time on each.
+
+Twisted's ``Agent`` does the same through layers a proxy does not need and that
+cost about a third of crossbar's CPU per request: a URL parsed for every request, a
+chain of Deferreds to write a body already in memory, a pause and a resume of every
+pooled connection. Here the request goes out in one ``write``; the answer is read by
+:mod:`crossbar.upstream.connection`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.internet import error
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseNeverReceived
+
+from crossbar.upstream.connection import IDLE, Connection, ConnectionFactory, Response
+from crossbar.upstream.endpoints import IDLE_POOL_TIMEOUT, endpoint_for
+
+
+class _Call:
+    """One request to one host, until its status line arrives.
+
+    A kept-alive connection that the host closed just as it was reused fails before a
+    single byte of answer; such a request is sent once more, on a new connection: a host
+    closes an idle connection, not one it is answering on. Counting it as a failure would
+    mark a healthy host down.
+    """
+
+    def __init__(self, pool: Upstreams, host: str, data: bytes, head_only: bool) -> None:
+        self.pool = pool
+        self.host = host
+        self.data = data
+        self.head_only = head_only
+        self.result: Deferred[Response] = Deferred(self._cancel)
+        self._connecting: Deferred[Connection] | None = None
+        self._connection: Connection | None = None
+        self._retried = False
+        self._cancelled = False
+
+    def start(self) -> None:
+        connection = self.pool.take(self.host)
+        if connection is not None:
+            self._send(connection)
+        else:
+            self._connect()
+
+    def _connect(self) -> None:
+        d = self.pool.connect(self.host)
+        self._connecting = d
+        d.addCallbacks(self._connected, self.fail)
+
+    def _connected(self, connection: Connection) -> None:
+        self._connecting = None
+        if self.result.called:  # cancelled meanwhile
+            self.pool.release(connection)
+        else:
+            self._send(connection)
+
+    def fail(self, reason: Failure) -> None:
+        self._connecting = self._connection = None
+        if not self.result.called and not self._cancelled:
+            self.result.errback(reason)
+
+    def _send(self, connection: Connection) -> None:
+        self._connection = connection
+        connection.send(self, self.data, self.head_only)
+
+    def answered(self, response: Response) -> None:
+        self._connection = None
+        self.result.callback(response)
+
+    def lost(self, connection: Connection, reason: Failure, got_bytes: bool) -> None:
+        self._connection = None
+        if self.result.called:
+            return
+        stale = connection.reused and not got_bytes and not self._retried
+        if stale and reason.check(error.ConnectionDone, error.ConnectionLost):
+            self._retried = True
+            self._connect()
+            return
+        self.result.errback(Failure(ResponseNeverReceived([reason])))
+
+    def _cancel(self, result: Deferred[Response]) -> None:
+        # The result fails with CancelledError (which addTimeout turns into a timeout),
+        # not with whatever cancelling the connection attempt reports.
+        self._cancelled = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            connection.cancel()
+
+
+class Upstreams:
+    """Sends requests to the configured hosts over kept-alive connections.
+
+    Idle connections are reused newest first, closed after ``idle_timeout`` seconds
+    (one timer for the whole pool), and at most ``max_idle`` are kept per host.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        urls: Mapping[str, str],
+        connect_timeouts: Mapping[str, float],
+        max_idle: int = 64,
+        idle_timeout: float = IDLE_POOL_TIMEOUT,
+        clock: IReactorTime | None = None,
+    ) -> None:
+        self._clock: IReactorTime = clock or reactor
+        self._max_idle = max_idle
+        self._idle_timeout = idle_timeout
+        self._endpoints: dict[str, IStreamClientEndpoint] = {}
+        self._factories: dict[str, ConnectionFactory] = {}
+        self._prefix: dict[str, bytes] = {}
+        self._host_line: dict[str, bytes] = {}
+        for name, url in urls.items():
+            target = endpoint_for(reactor, url, connect_timeouts.get(name, 5.0))
+            self._endpoints[name] = target.endpoint
+            self._prefix[name] = target.path.rstrip(b"/")
+            self._host_line[name] = b"Host: " + target.authority + b"\r\n"
+            self._factories[name] = ConnectionFactory(self, name)
+        self._idle: dict[str, list[Connection]] = {name: [] for name in urls}
+        self._sweep: Any = None
+        self._closed = False
+
+    def request(
+        self, host: str, method: bytes, path: bytes, headers: bytes, body: bytes | None
+    ) -> Deferred[Response]:
+        """Send ``method path`` to ``host``; ``headers`` are whole lines (``Name: value\\r\\n``),
+        without ``Host`` and ``Content-Length``, which are added here. Fires with the
+        :class:`Response` once its headers are in; cancelling closes the connection."""
+        head = [method, b" ", self._prefix[host], path, b" HTTP/1.1\r\n", self._host_line[host]]
+        head.append(headers)
+        if body is not None:
+            head.append(b"Content-Length: %d\r\n\r\n" % len(body))
+            head.append(body)
+        else:
+            head.append(b"\r\n")
+        call = _Call(self, host, b"".join(head), method == b"HEAD")
+        call.start()
+        return call.result
+
+    # -- the pool -----------------------------------------------------------------------------
+
+    def connect(self, host: str) -> Deferred[Connection]:
+        d: Deferred[Any] = self._endpoints[host].connect(self._factories[host])
+        return d
+
+    def take(self, host: str) -> Connection | None:
+        idle = self._idle[host]
+        while idle:
+            connection = idle.pop()
+            if connection.idle_since <= self._clock.seconds() - self._idle_timeout:
+                # Stale, and so is everything older beneath it.
+                idle.append(connection)
+                self._expire(host, len(idle))
+                return None
+            if connection.state == IDLE:  # not closing already
+                connection.reused = True
+                return connection
+        return None
+
+    def release(self, connection: Connection) -> None:
+        """A connection whose answer is complete: keep it for the next request."""
+        if connection.state != IDLE:
+            return
+        idle = self._idle[connection.host]
+        if len(idle) >= self._max_idle or self._closed:
+            connection.abort()
+            return
+        connection.idle_since = self._clock.seconds()
+        idle.append(connection)
+        if self._sweep is None:
+            self._sweep = self._clock.callLater(self._idle_timeout, self._swept)
+
+    def forget(self, connection: Connection) -> None:
+        idle = self._idle[connection.host]
+        if idle and connection in idle:
+            idle.remove(connection)
+
+    def _swept(self) -> None:
+        self._sweep = None
+        deadline = self._clock.seconds() - self._idle_timeout
+        oldest = None
+        for host, idle in self._idle.items():
+            stale = sum(1 for c in idle if c.idle_since <= deadline)
+            self._expire(host, stale)
+            if idle and (oldest is None or idle[0].idle_since < oldest):
+                oldest = idle[0].idle_since
+        if oldest is not None:
+            delay = max(oldest + self._idle_timeout - self._clock.seconds(), 0.01)
+            self._sweep = self._clock.callLater(delay, self._swept)
+
+    def _expire(self, host: str, count: int) -> list[Deferred[None]]:
+        idle = self._idle[host]
+        stale, idle[:count] = idle[:count], []
+        return [connection.close() for connection in stale]
+
+    def close(self) -> Deferred[Any]:
+        """Close the idle connections and keep no more (crossbar is stopping)."""
+        self._closed = True
+        return self.drop_idle()
+
+    def drop_idle(self) -> Deferred[Any]:
+        """Close the idle connections; fires once they are closed (answers still
+        streaming are left to finish or be cut off by their own side)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        closing = [d for host in self._idle for d in self._expire(host, len(self._idle[host]))]
+        return DeferredList(closing)
