@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.web.client import ResponseNeverReceived
 
 from crossbar.config import HostSettings, RouteConfig
-from crossbar.fleet import HealthTable
+from crossbar.fleet import HealthTable, Outcome
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.testing import SimulatedHost
 from tests.support import Rig, all_polled, rigs
@@ -51,11 +51,11 @@ def table() -> HealthTable:
 
 def test_request_done_counts_by_route_host_and_code(table: HealthTable) -> None:
     metrics = Metrics(table, FakeProxy())
-    metrics.request_done("lab", "gpu-a", 200, 1.5, 0.2, 1000)
-    metrics.request_done("lab", "gpu-a", 200, 0.5, 0.1, 24)
-    metrics.request_done("lab", "gpu-a", 499, 7.0, 0.3, 10)
-    metrics.request_done("lab", None, 503, 0.001, None, 0)
-    metrics.request_done("-", None, 404, 0.001, None, 0)
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 1.5, 0.2, 1000))
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 0.5, 0.1, 24))
+    metrics.request_done(Outcome("lab", "gpu-a", 499, 7.0, 0.3, 10))
+    metrics.request_done(Outcome("lab", None, 503, 0.001, None, 0))
+    metrics.request_done(Outcome("-", None, 404, 0.001, None, 0))
 
     found = samples(metrics.render())
     assert value(found, "crossbar_requests_total", route="lab", host="gpu-a", code="200") == 2
@@ -99,7 +99,7 @@ def test_fleet_metrics_are_read_at_scrape_time(table: HealthTable) -> None:
 
 def test_each_crossbar_has_its_own_registry(table: HealthTable) -> None:
     one, two = Metrics(table, FakeProxy()), Metrics(table, FakeProxy())
-    one.request_done("lab", "gpu-a", 200, 0.1, 0.1, 1)
+    one.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1))
     assert value(samples(one.render()), "crossbar_requests_total", **LAB_A_200) == 1
     assert value(samples(two.render()), "crossbar_requests_total", **LAB_A_200) is None
     assert b"crossbar_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)

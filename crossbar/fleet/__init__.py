@@ -3,11 +3,13 @@
 from crossbar.fleet.choice import choose, choose_for_route, routes_down
 from crossbar.fleet.listing import parse_models
 from crossbar.fleet.state import HealthTable, HostState
-from crossbar.fleet.traffic import Traffic
+from crossbar.fleet.traffic import Outcome, ProxyObserver, Traffic
 
 __all__ = [
     "HealthTable",
     "HostState",
+    "Outcome",
+    "ProxyObserver",
     "Traffic",
     "choose",
     "choose_for_route",

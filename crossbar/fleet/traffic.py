@@ -4,6 +4,9 @@ round-robin turn. The proxy changes it; the choice rules, pages and metrics read
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
+
+import attrs
 
 
 class Traffic:
@@ -19,3 +22,26 @@ class Traffic:
             self.in_flight[old] -= 1
         if new is not None:
             self.in_flight[new] += 1
+
+
+@attrs.frozen
+class Outcome:
+    """One proxied request, as it ended."""
+
+    route: str
+    """The route's name, or ``-`` when the path named none that exists."""
+    host: str | None
+    """The last host tried; ``None`` when no host was (bad path, no healthy host)."""
+    status: int
+    """The status sent to the client; 499 when the client left before any answer."""
+    seconds: float
+    first_byte: float | None
+    """Seconds until the host's status line, if one came."""
+    sent: int
+    """Bytes of the host's answer body relayed to the client."""
+
+
+class ProxyObserver(Protocol):
+    """Told of every proxied request as it ends (the metrics are one)."""
+
+    def request_done(self, outcome: Outcome) -> None: ...

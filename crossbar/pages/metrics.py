@@ -21,7 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossbar.fleet import HealthTable, Traffic
+from crossbar.fleet import HealthTable, Outcome, Traffic
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
 
@@ -123,30 +123,23 @@ class Metrics:
         self._children: dict[tuple[str, str], _Children] = {}
         self._codes: dict[tuple[str, str, int], Counter] = {}
 
-    def request_done(
-        self,
-        route: str,
-        host: str | None,
-        status: int,
-        seconds: float,
-        first_byte: float | None,
-        sent: int,
-    ) -> None:
+    def request_done(self, outcome: Outcome) -> None:
         """Count one ended request; on every request's path, so label lookups are cached."""
-        host = NO_HOST if host is None else host
+        route = outcome.route
+        host = NO_HOST if outcome.host is None else outcome.host
         children = self._children.get((route, host))
         if children is None:
             children = self._children[route, host] = _Children(self, route, host)
-        key = (route, host, status)
+        key = (route, host, outcome.status)
         counter = self._codes.get(key)
         if counter is None:
-            counter = self._codes[key] = self.requests.labels(route, host, str(status))
+            counter = self._codes[key] = self.requests.labels(route, host, str(outcome.status))
         counter.inc()
-        children.duration.observe(seconds)
-        if first_byte is not None:
-            children.first_byte.observe(first_byte)
-        if sent:
-            children.bytes.inc(sent)
+        children.duration.observe(outcome.seconds)
+        if outcome.first_byte is not None:
+            children.first_byte.observe(outcome.first_byte)
+        if outcome.sent:
+            children.bytes.inc(outcome.sent)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, for a scrape."""

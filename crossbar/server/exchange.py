@@ -10,21 +10,21 @@ as the client leaves so the GPU stops generating.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from twisted.internet import error, protocol
+from twisted.internet import error
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from zope.interface import implementer
 
-from crossbar.config import RouteConfig
-from crossbar.fleet import choose_for_route
+from crossbar.config import Config, HostSettings, RouteConfig
+from crossbar.fleet import HealthTable, Outcome, ProxyObserver, Traffic, choose_for_route
 from crossbar.server.rewrite import (
     BODYLESS,
     NOT_RETURNED,
@@ -36,85 +36,32 @@ from crossbar.server.rewrite import (
     upstream_headers,
     with_model,
 )
-from crossbar.upstream import Discard, Response, describe, is_cancellation, stop_producing
-
-if TYPE_CHECKING:
-    from crossbar.server.resources import ProxyResource
+from crossbar.server.streaming import StreamBody
+from crossbar.upstream import Discard, Response, Upstreams, describe, is_cancellation
 
 log = Logger()
 
 
-class ProxyObserver(Protocol):
-    """What the proxy reports of each request when it ends (metrics live elsewhere)."""
+class ProxyContext(Protocol):
+    """What an exchange uses of the proxy that made it (:class:`ProxyResource`)."""
 
-    def request_done(
-        self,
-        route: str,
-        host: str | None,
-        status: int,
-        seconds: float,
-        first_byte: float | None,
-        sent: int,
-    ) -> None: ...
+    config: Config
+    table: HealthTable
+    traffic: Traffic
+    upstreams: Upstreams
+    clock: IReactorTime
+    observer: ProxyObserver
+    settings: Mapping[str, HostSettings]
 
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 """Failures that happen before any answer: the request can be tried on another host."""
 
 
-@implementer(IPushProducer)
-class _StreamBody(protocol.Protocol):
-    """Carries the upstream body to the client as it arrives; no buffering.
-
-    It is also the producer registered with the client's request, so that a slow
-    client pauses the upstream socket, and a pause does not count as the upstream
-    being idle.
-    """
-
-    def __init__(self, exchange: Exchange, idle_timeout: float) -> None:
-        self.exchange = exchange
-        self._idle_timeout = idle_timeout
-        self._timer: IDelayedCall | None = None
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._timer is not None:
-            self._timer.reset(self._idle_timeout)
-        self.exchange.sent += len(data)
-        self.exchange.request.write(data)
-
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
-        self._disarm()
-        self.exchange.upstream_ended(reason)
-
-    def pauseProducing(self) -> None:
-        self._disarm()
-        IPushProducer(self.transport).pauseProducing()
-
-    def resumeProducing(self) -> None:
-        self.arm()
-        IPushProducer(self.transport).resumeProducing()
-
-    def stopProducing(self) -> None:
-        self._disarm()
-        stop_producing(self.transport)
-
-    def arm(self) -> None:
-        if self._timer is None:
-            self._timer = self.exchange.proxy.clock.callLater(
-                self._idle_timeout, self.exchange.upstream_idle
-            )
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-
-
 class Exchange:
     """One client request, and its upstream request (tried on more hosts if need be)."""
 
-    def __init__(self, proxy: ProxyResource, request: server.Request) -> None:
+    def __init__(self, proxy: ProxyContext, request: server.Request) -> None:
         self.proxy = proxy
         self.request = request
         self.started = proxy.clock.seconds()
@@ -125,7 +72,6 @@ class Exchange:
         self.model: str | None = None
         self.client_gone = False
         self.finished = False
-        self.sent = 0
         self.first_byte: float | None = None
         self._url_rest = b""
         self._headers = b""
@@ -134,7 +80,7 @@ class Exchange:
         self._counted: str | None = None
         self._pending: Deferred[Response] | None = None
         self._deadline: IDelayedCall | None = None
-        self._body: _StreamBody | None = None
+        self._body: StreamBody | None = None
         self._timed_out = False
         self._cut_off = False
 
@@ -261,7 +207,8 @@ class Exchange:
         if isinstance(response.length, int):
             out.setRawHeaders(b"content-length", [b"%d" % response.length])
         out.setRawHeaders(b"x-crossbar-host", [host.encode()])
-        body = _StreamBody(self, proxy.settings[host].idle_timeout)
+        idle = proxy.settings[host].idle_timeout
+        body = StreamBody(request, proxy.clock, idle, self.upstream_idle, self.upstream_ended)
         self._body = body
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
@@ -388,8 +335,9 @@ class Exchange:
         answered = self.finished or self.request.startedWriting
         status = self.request.code if answered else 499
         route = self.route.name if self.route is not None else "-"
+        sent = self._body.sent if self._body is not None else 0
         self.proxy.observer.request_done(
-            route, self.host, status, seconds, self.first_byte, self.sent
+            Outcome(route, self.host, status, seconds, self.first_byte, sent)
         )
         method = (self.request.method or b"-").decode("latin-1")
         path = self.path.decode("latin-1")

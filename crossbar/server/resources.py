@@ -10,8 +10,8 @@ from twisted.web import server
 from twisted.web.resource import IResource, Resource
 
 from crossbar.config import Config
-from crossbar.fleet import HealthTable, Traffic
-from crossbar.server.exchange import Exchange, ProxyObserver
+from crossbar.fleet import HealthTable, ProxyObserver, Traffic
+from crossbar.server.exchange import Exchange
 from crossbar.upstream import Upstreams
 
 

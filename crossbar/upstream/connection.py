@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
@@ -211,6 +211,9 @@ class Connection(Protocol):
 
     def connectionMade(self) -> None:
         self._direct = direct(self.transport)
+        if ITCPTransport.providedBy(self.transport):
+            # A request goes out in one write; never hold it back for an ACK (Nagle).
+            self.transport.setTcpNoDelay(True)
 
     # -- the request --------------------------------------------------------------------------
 

@@ -1,5 +1,9 @@
-"""crossbar.writing: a write goes to the socket at once when nothing is queued before it,
-and otherwise behaves exactly like Twisted's own ``transport.write``.
+"""crossbar._twisted: the one module that touches Twisted's private attributes.
+
+First, that every attribute it reads still exists and means what it did (a Twisted release
+that renames one fails here, by name). Then ``write_now``: a write goes to the socket at
+once when nothing is queued before it, and otherwise behaves exactly like Twisted's own
+``transport.write``.
 
 The side under test is a Twisted server on loopback; its peer is a plain non-blocking
 socket, so a ``recv`` right after a write shows what is already on the wire without
@@ -18,14 +22,24 @@ import pytest
 import pytest_twisted
 from twisted.internet import ssl, tcp
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol, connectionDone
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
+from twisted.web import http
+from twisted.web.client import _HTTP11ClientFactory
 from zope.interface import implementer
 
-from crossbar._twisted import direct, write_now
+from crossbar._twisted import (
+    QuietPool,
+    client_gone,
+    direct,
+    handling_request,
+    request_line,
+    write_now,
+)
 
 BLOCK = 4 * 1024 * 1024
 """More than a loopback socket takes while its peer does not read, and > SEND_LIMIT."""
@@ -301,3 +315,71 @@ def test_without_a_connection_it_is_transport_write() -> None:
     write_now(None, transport, b"GET /health HTTP/1.1\r\n\r\n")
     write_now(None, transport, b"more")
     assert transport.value() == b"GET /health HTTP/1.1\r\n\r\nmore"
+
+
+# -- the private attributes, by name ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["_tempDataLen", "_writeDisconnected", "_aborting"])
+@pytest_twisted.ensureDeferred
+async def test_a_tcp_connection_still_has(pair: Pair, name: str) -> None:
+    transport = pair.server.transport
+    assert hasattr(transport, name), f"twisted.internet.tcp.Connection has no {name} any more"
+
+
+@pytest_twisted.ensureDeferred
+async def test_aborting_is_what_abort_connection_sets(pair: Pair) -> None:
+    transport: Any = pair.server.transport
+    assert not transport._aborting
+    transport.abortConnection()
+    assert transport._aborting
+    await pair.server.lost
+
+
+def _channel() -> http.HTTPChannel:
+    channel = http.HTTPChannel()
+    channel.requestFactory = _Held  # type: ignore[assignment]
+    channel.makeConnection(StringTransport())
+    return channel
+
+
+class _Held(http.Request):
+    """A request twisted.web hands over and nobody answers yet."""
+
+    def process(self) -> None:
+        pass
+
+
+def test_request_line_is_known_before_the_headers_end() -> None:
+    channel = _channel()
+    assert request_line(channel) == (b"-", b"-")
+    channel.dataReceived(b"POST /lab/v1/chat?x=1 HTTP/1.1\r\nHost: a\r\n")
+    assert request_line(channel) == (b"POST", b"/lab/v1/chat?x=1")
+
+
+def test_handling_request_is_true_until_the_answer_is_finished() -> None:
+    channel = _channel()
+    assert not handling_request(channel)
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert handling_request(channel)
+    request = channel.requests[-1]
+    request.finish()
+    assert not handling_request(channel)
+
+
+def test_client_gone_once_the_connection_is_lost() -> None:
+    channel = _channel()
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    request = channel.requests[-1]
+    assert not client_gone(request)
+    channel.connectionLost(Failure(ConnectionDone()))
+    assert client_gone(request)
+
+
+def test_the_quiet_pool_builds_its_connections_with_the_quiet_factory() -> None:
+    pool = QuietPool(Clock())
+    factory = pool._factory
+    assert issubclass(factory, _HTTP11ClientFactory)
+    assert factory.noisy is False
+    # The pool builds each connection's factory from _factory(quiescentCallback, metadata).
+    assert factory(lambda protocol: None, "metadata").noisy is False

@@ -1,0 +1,76 @@
+"""The upstream body on its way to the client: relayed as it arrives, never buffered,
+with the client's socket pausing the upstream's (backpressure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet import protocol
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.python.failure import Failure
+from twisted.web import server
+from twisted.web.client import ResponseDone
+from zope.interface import implementer
+
+from crossbar.upstream import stop_producing
+
+
+@implementer(IPushProducer)
+class StreamBody(protocol.Protocol):
+    """Carries an answer's body to the client's request chunk by chunk.
+
+    It is given to ``Response.deliverBody`` and registered as the request's producer,
+    so a slow client pauses the upstream socket; a pause does not count as the host
+    being idle. ``idle_timeout`` without a chunk calls ``on_idle``; the body's end,
+    clean or not, goes to ``on_end``.
+    """
+
+    def __init__(
+        self,
+        request: server.Request,
+        clock: IReactorTime,
+        idle_timeout: float,
+        on_idle: Callable[[], None],
+        on_end: Callable[[Failure], None],
+    ) -> None:
+        self.sent = 0
+        """Bytes of body relayed to the client."""
+        self._request = request
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._on_idle = on_idle
+        self._on_end = on_end
+        self._timer: IDelayedCall | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._timer is not None:
+            self._timer.reset(self._idle_timeout)
+        self.sent += len(data)
+        self._request.write(data)
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
+        self._disarm()
+        self._on_end(reason)
+
+    def pauseProducing(self) -> None:
+        self._disarm()
+        IPushProducer(self.transport).pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.arm()
+        IPushProducer(self.transport).resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._disarm()
+        stop_producing(self.transport)
+
+    def arm(self) -> None:
+        """Start the idle timer (for a body still coming in)."""
+        if self._timer is None:
+            self._timer = self._clock.callLater(self._idle_timeout, self._on_idle)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
