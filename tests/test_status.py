@@ -37,11 +37,13 @@ SCRIPT = "<script>document.title='owned'</script>"
 
 
 class PageRows(HTMLParser):
-    """The status page as data: for each table id, one ``{column label: cell text}`` per row."""
+    """The status page as data: for each table id, one ``{column label: cell text}`` per row;
+    each ``<meta>`` with a ``name`` or ``http-equiv``, as ``{that: content}``."""
 
     def __init__(self, page: str) -> None:
         super().__init__()
         self.tables: dict[str, list[dict[str, str]]] = {}
+        self.metas: dict[str, str | None] = {}
         self.title = ""
         self._table: str | None = None
         self._row: dict[str, str] | None = None
@@ -63,6 +65,11 @@ class PageRows(HTMLParser):
             self._text.append(" ")
         elif tag == "title":
             self._in_title = True
+        elif tag == "meta":
+            found = dict(attrs)
+            key = found.get("name") or found.get("http-equiv")
+            if key:
+                self.metas[key] = found.get("content")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "td" and self._row is not None and self._label is not None:
@@ -279,11 +286,17 @@ async def test_page_shows_hosts_and_routes(desk: Desk) -> None:
     response, body = await desk.get("/")
     assert response.code == 200
     assert header(response, "content-type") == "text/html; charset=utf-8"
+    assert header(response, "cache-control") == "no-store"
     page = body.decode()
-    assert '<meta http-equiv="refresh" content="5">' in page
-    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    assert page.startswith("<!DOCTYPE html>\n<html")
     assert "<script" not in page  # no JavaScript at all
-    rows = PageRows(page).tables
+    parsed = PageRows(page)
+    assert parsed.title == "crossbar status"
+    assert parsed.metas == {
+        "viewport": "width=device-width, initial-scale=1",
+        "refresh": "5",
+    }
+    rows = parsed.tables
     assert rows["hosts"] == [
         {
             "Host": "gpu-a http://10.0.0.1:8080",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import select
 import socket
 from collections.abc import AsyncIterator, Callable
+from importlib.metadata import requires, version
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from twisted.web.client import _HTTP11ClientFactory
 from zope.interface import implementer
 
 from crossbar._twisted import (
+    TESTED_TWISTED,
     QuietPool,
     client_gone,
     direct,
@@ -383,3 +385,15 @@ def test_the_quiet_pool_builds_its_connections_with_the_quiet_factory() -> None:
     assert factory.noisy is False
     # The pool builds each connection's factory from _factory(quiescentCallback, metadata).
     assert factory(lambda protocol: None, "metadata").noisy is False
+
+
+def test_setup_cfg_pins_twisted_to_the_range_checked() -> None:
+    """The install requirement and the range crossbar._twisted was read against agree, and
+    the Twisted running these tests is inside it."""
+    spec = next(r for r in requires("llama-crossbar") or [] if r.lower().startswith("twisted"))
+    pinned = {part.strip() for part in spec[len("twisted") :].split(",")}
+    assert pinned == {part.strip() for part in TESTED_TWISTED.split(",")}
+    running = tuple(int(n) for n in version("twisted").split(".")[:2])
+    low = next(p for p in pinned if p.startswith(">="))[2:]
+    high = next(p for p in pinned if p.startswith("<"))[1:]
+    assert tuple(int(n) for n in low.split(".")) <= running < (int(high),), version("twisted")

@@ -23,7 +23,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from crossbar.config import Config
 from crossbar.fleet import HealthTable, HostState, Traffic, choose_for_route, routes_down
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
-from crossbar.pages.render import render_page, rfc3339
+from crossbar.pages.render import StatusPage, rfc3339
 
 
 class StatusApp:
@@ -88,14 +88,16 @@ class StatusApp:
     # -- endpoints -------------------------------------------------------------------------
 
     @app.route("/", methods=["GET"])
-    def page(self, request: IRequest) -> bytes:
+    def page(self, request: IRequest) -> StatusPage:
+        """The page for people; Klein flattens it with ``renderElement``, which writes
+        ``<!DOCTYPE html>`` first but sets no headers, so they are set here."""
         request.setHeader(b"content-type", b"text/html; charset=utf-8")
         _no_store(request)
         states = self.table.snapshot()
-        page = render_page(
-            self.config, states, self.traffic.in_flight, self.choices(states), self.clock.seconds()
+        in_flight = dict(self.traffic.in_flight)  # flattened after this returns
+        return StatusPage(
+            self.config, states, in_flight, self.choices(states), self.clock.seconds()
         )
-        return page.encode("utf-8")
 
     @app.route("/status", methods=["GET"])
     def status(self, request: IRequest) -> bytes:

@@ -1,11 +1,18 @@
 """The status page for people: one HTML page, rendered from the same views the JSON
-status is made of."""
+status is made of.
+
+It is a :mod:`twisted.web.template` element, so every value from the config or from a
+host (names, URLs, model ids, error text) reaches the page only through the flattener,
+which escapes it for where it lands, text or attribute: nothing here writes HTML by hand.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from html import escape
+
+from twisted.web.iweb import IRequest
+from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer, tags
 
 from crossbar.config import Config, RouteConfig
 from crossbar.fleet import HostState, routes_down
@@ -32,6 +39,8 @@ def ago(seconds: float) -> str:
     return f"{s // 86400} d ago"
 
 
+# Inside <style> an HTML parser takes text raw, while the flattener escapes "<", ">" and
+# "&" as in any text: keep those three characters out of the CSS.
 _STYLE = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem;color:#222}
 h1{font-size:1.3rem;margin:0}
@@ -57,111 +66,36 @@ td::before{content:attr(data-label) ": ";font-weight:600;color:#555}
 }
 """
 
-_MARK = {"up": "\u25cf up", "down": "\u25bc down", "unknown": "? unknown"}
-
-
-def _mark(state: str) -> str:
-    return f'<span class="mark {state}">{_MARK[state]}</span>'
-
-
-def _cell(label: str, content: str, cls: str = "") -> str:
-    attr = f' class="{cls}"' if cls else ""
-    return f'<td data-label="{label}"{attr}>{content}</td>'
-
-
-def _row(*cells: str) -> str:
-    return "<tr>" + "".join(cells) + "</tr>"
-
-
-def _names(names: Sequence[str]) -> str:
-    if not names:
-        return '<span class="muted">none</span>'
-    return ", ".join(escape(n) for n in names)
-
-
-def _host_row(state: HostState, in_flight: int, now: float) -> str:
-    last_ok = (
-        '<span class="muted">never</span>'
-        if state.last_ok is None
-        else f'<span title="{escape(rfc3339(state.last_ok) or "")}">'
-        f"{ago(now - state.last_ok)}</span>"
-    )
-    error = f'<span class="err">{escape(state.last_err)}</span>' if state.last_err else ""
-    name = f'<b>{escape(state.name)}</b><br><small class="muted">{escape(state.url)}</small>'
-    return _row(
-        _cell("Host", name),
-        _cell("State", _mark(state.state)),
-        _cell("Last good poll", last_ok),
-        _cell("Last error", error),
-        _cell("Loaded", _names(state.loaded)),
-        _cell("Known", _names(state.known)),
-        _cell("Good polls in a row", str(state.consecutive), "num"),
-        _cell("In flight", str(in_flight), "num"),
-    )
-
-
-def _route_row(route: RouteConfig, states: Mapping[str, HostState], choice: str | None) -> str:
-    members = " ".join(
-        f'<span class="mark {states[h].state if h in states else "unknown"}">{escape(h)}</span>'
-        for h in route.hosts
-    )
-    model = (
-        escape(route.default_model)
-        if route.default_model is not None
-        else '<span class="muted">none (first healthy host)</span>'
-    )
-    if choice is None:
-        goes_to = '<span class="err">no healthy host</span>'
-    elif choice in states and states[choice].healthy:
-        goes_to = f"<b>{escape(choice)}</b>"
-    else:
-        goes_to = f'<b>{escape(choice)}</b> <span class="err">(none healthy; tried anyway)</span>'
-    return _row(
-        _cell("Route", f"<b>{escape(route.name)}</b>"),
-        _cell("Hosts, in order", members),
-        _cell("Default model", model),
-        _cell("Goes to now", goes_to),
-    )
-
-
-def render_page(
-    config: Config,
-    states: Mapping[str, HostState],
-    in_flight: Mapping[str, int],
-    choices: Mapping[str, str | None],
-    now: float,
-) -> str:
-    """The whole status page; every value from the config or a host is escaped."""
-    down = routes_down(config.routes, states)
-    if down:
-        summary = f'<span class="mark down">not ready</span> no healthy host for: {_names(down)}'
-    else:
-        summary = '<span class="mark up">ready</span> every route has a healthy host'
-    hosts = "\n".join(
-        _host_row(state, in_flight.get(name, 0), now) for name, state in states.items()
-    )
-    routes = "\n".join(
-        _route_row(route, states, choices.get(name)) for name, route in config.routes.items()
-    )
-    return f"""<!DOCTYPE html>
-<html lang="en">
+# The page's fixed shape. Renderers (t:render) fill in rows and the summary; slots
+# (t:slot) take single values. The doctype is written by whoever flattens the page
+# (Klein's renderElement writes ``<!DOCTYPE html>``).
+_TEMPLATE = XMLString(
+    """\
+<html xmlns:t="http://twistedmatrix.com/ns/twisted.web.template/0.1" lang="en" t:render="page">
 <head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="refresh" content="{REFRESH_SECONDS}">
+<meta charset="utf-8" />
+<meta name="viewport" content="width=device-width, initial-scale=1" />
+<meta http-equiv="refresh"><t:attr name="content"><t:slot name="refresh" /></t:attr></meta>
 <title>crossbar status</title>
-<style>{_STYLE}</style>
+<style><t:slot name="style" /></style>
 </head>
 <body>
 <h1>crossbar</h1>
-<p>{summary}</p>
-<p class="muted">As of {rfc3339(now)}; this page reloads every {REFRESH_SECONDS} s.</p>
+<p t:render="summary" />
+<p class="muted">As of <t:slot name="now" />; this page reloads every <t:slot
+name="refresh" /> s.</p>
 <h2>Hosts</h2>
 <table id="hosts">
 <thead><tr><th>Host</th><th>State</th><th>Last good poll</th><th>Last error</th><th>Loaded</th>
 <th>Known</th><th class="num">Good polls in a row</th><th class="num">In flight</th></tr></thead>
 <tbody>
-{hosts}
+<tr t:render="host"><td data-label="Host"><b><t:slot name="name" /></b><br /><small
+class="muted"><t:slot name="url" /></small></td><td data-label="State"><t:slot
+name="state" /></td><td data-label="Last good poll"><t:slot name="last_ok" /></td><td
+data-label="Last error"><t:slot name="error" /></td><td data-label="Loaded"><t:slot
+name="loaded" /></td><td data-label="Known"><t:slot name="known" /></td><td
+data-label="Good polls in a row" class="num"><t:slot name="consecutive" /></td><td
+data-label="In flight" class="num"><t:slot name="in_flight" /></td></tr>
 </tbody>
 </table>
 <h2>Routes</h2>
@@ -169,7 +103,10 @@ def render_page(
 <thead><tr><th>Route</th><th>Hosts, in order</th><th>Default model</th><th>Goes to now</th></tr>
 </thead>
 <tbody>
-{routes}
+<tr t:render="route"><td data-label="Route"><b><t:slot name="name" /></b></td><td
+data-label="Hosts, in order"><t:slot name="members" /></td><td
+data-label="Default model"><t:slot name="model" /></td><td
+data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
 </tbody>
 </table>
 <p class="muted">Also: <a href="status">status (JSON)</a> \u00b7 <a href="metrics">metrics</a>
@@ -177,3 +114,117 @@ def render_page(
 </body>
 </html>
 """
+)
+
+_MARK = {"up": "\u25cf up", "down": "\u25bc down", "unknown": "? unknown"}
+
+
+def _mark(state: str) -> Tag:
+    return tags.span(_MARK[state], class_=f"mark {state}")
+
+
+def _muted(text: str) -> Tag:
+    return tags.span(text, class_="muted")
+
+
+def _names(names: Sequence[str]) -> Flattenable:
+    """A comma-separated list as plain text (the flattener escapes it), or a muted none."""
+    return ", ".join(names) if names else _muted("none")
+
+
+def _joined(separator: str, items: Iterable[Flattenable]) -> list[Flattenable]:
+    """``separator.join`` for tags: the separator is text between them."""
+    out: list[Flattenable] = []
+    for item in items:
+        out.extend([separator, item] if out else [item])
+    return out
+
+
+class StatusPage(Element):
+    """The whole status page, from one snapshot taken when the request came in."""
+
+    loader = _TEMPLATE
+
+    def __init__(
+        self,
+        config: Config,
+        states: Mapping[str, HostState],
+        in_flight: Mapping[str, int],
+        choices: Mapping[str, str | None],
+        now: float,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.states = states
+        self.in_flight = in_flight
+        self.choices = choices
+        self.now = now
+
+    @renderer
+    def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        """What more than one part of the page, or the fixed CSS, needs."""
+        return tag.fillSlots(
+            refresh=str(REFRESH_SECONDS), style=_STYLE, now=rfc3339(self.now) or ""
+        )
+
+    @renderer
+    def summary(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        down = routes_down(self.config.routes, self.states)
+        if down:
+            return tag(
+                tags.span("not ready", class_="mark down"), " no healthy host for: ", _names(down)
+            )
+        return tag(tags.span("ready", class_="mark up"), " every route has a healthy host")
+
+    @renderer
+    def host(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        """One row per host, one line each."""
+        rows = (tag.clone().fillSlots(**self._host_cells(n, s)) for n, s in self.states.items())
+        return _joined("\n", rows)
+
+    @renderer
+    def route(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        """One row per route, one line each."""
+        routes = self.config.routes.items()
+        rows = (tag.clone().fillSlots(**self._route_cells(n, r)) for n, r in routes)
+        return _joined("\n", rows)
+
+    def _host_cells(self, name: str, state: HostState) -> dict[str, Flattenable]:
+        return {
+            "name": state.name,
+            "url": state.url,
+            "state": _mark(state.state),
+            "last_ok": self._last_ok(state),
+            "error": tags.span(state.last_err, class_="err") if state.last_err else "",
+            "loaded": _names(state.loaded),
+            "known": _names(state.known),
+            "consecutive": str(state.consecutive),
+            "in_flight": str(self.in_flight.get(name, 0)),
+        }
+
+    def _route_cells(self, name: str, route: RouteConfig) -> dict[str, Flattenable]:
+        model = route.default_model
+        return {
+            "name": route.name,
+            "members": _joined(" ", (self._member(host) for host in route.hosts)),
+            "model": _muted("none (first healthy host)") if model is None else model,
+            "goes_to": self._goes_to(self.choices.get(name)),
+        }
+
+    def _last_ok(self, state: HostState) -> Flattenable:
+        if state.last_ok is None:
+            return _muted("never")
+        return tags.span(ago(self.now - state.last_ok), title=rfc3339(state.last_ok) or "")
+
+    def _member(self, host: str) -> Tag:
+        """One of a route's hosts, coloured by its state."""
+        state = self.states[host].state if host in self.states else "unknown"
+        return tags.span(host, class_=f"mark {state}")
+
+    def _goes_to(self, choice: str | None) -> Flattenable:
+        """Where the route sends a request now; ``try_all`` may pick a host that is down."""
+        if choice is None:
+            return tags.span("no healthy host", class_="err")
+        if choice in self.states and self.states[choice].healthy:
+            return tags.b(choice)
+        return [tags.b(choice), " ", tags.span("(none healthy; tried anyway)", class_="err")]

@@ -1,0 +1,230 @@
+"""The status page's renderer alone: flatten :class:`StatusPage` and read the HTML it makes.
+
+Exact substrings on purpose: escaping is about the very bytes, and each mark, time and
+"Goes to now" text is what a person reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.web.template import flattenString
+
+from crossbar.config import Config, HostConfig, RouteConfig
+from crossbar.fleet import HealthTable, HostState, choose_for_route
+from crossbar.pages import render
+from crossbar.pages.render import StatusPage
+
+T0 = 1_700_000_000.0
+T0_RFC3339 = "2023-11-14T22:13:20.000Z"
+
+
+def config(hosts: dict[str, str], *routes: RouteConfig) -> Config:
+    return Config(
+        listen="tcp:0",
+        hosts={name: HostConfig(name, url) for name, url in hosts.items()},
+        routes={route.name: route for route in routes},
+    )
+
+
+def flatten(page: StatusPage) -> str:
+    """The page as text; the flattener finishes at once, as nothing in it waits."""
+    done: list[object] = []
+    flattenString(None, page).addBoth(done.append)
+    assert len(done) == 1 and isinstance(done[0], bytes), done
+    return done[0].decode("utf-8")
+
+
+def page(
+    cfg: Config, states: dict[str, HostState], now: float, in_flight: dict[str, int] | None = None
+) -> str:
+    """The page, with each route's choice made as the status app makes it."""
+    choices = {
+        name: choose_for_route(route, route.default_model, states, {}, 0)
+        for name, route in cfg.routes.items()
+    }
+    return flatten(StatusPage(cfg, states, in_flight or {}, choices, now))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    clock = Clock()
+    clock.advance(T0)
+    return clock
+
+
+def table(cfg: Config, clock: Clock) -> HealthTable:
+    return HealthTable({name: host.url for name, host in cfg.hosts.items()}, clock)
+
+
+# -- escaping -----------------------------------------------------------------------------------
+
+
+def test_text_from_the_config_and_the_hosts_is_escaped(clock: Clock) -> None:
+    cfg = config(
+        {"gpu<1>": 'http://h/<x>?a="1"&b=2'},
+        RouteConfig("r&d", ("gpu<1>",), "<img src=x onerror=alert(1)>"),
+    )
+    states = table(cfg, clock)
+    states.record_ok("gpu<1>", loaded=["m&m"], known=["<b>bold</b>", "m&m"])
+    states.record_failure("gpu<1>", "models: bad answer: <script>alert('x')</script>")
+    html = page(cfg, states.snapshot(), clock.seconds())
+
+    assert "<script" not in html and "<img" not in html and "<b>bold" not in html
+    assert (
+        '<td data-label="Host"><b>gpu&lt;1&gt;</b><br />'
+        '<small class="muted">http://h/&lt;x&gt;?a="1"&amp;b=2</small></td>'
+    ) in html
+    assert (
+        '<td data-label="Last error"><span class="err">'
+        "models: bad answer: &lt;script&gt;alert('x')&lt;/script&gt;</span></td>"
+    ) in html
+    assert '<td data-label="Known">&lt;b&gt;bold&lt;/b&gt;, m&amp;m</td>' in html
+    assert '<td data-label="Route"><b>r&amp;d</b></td>' in html
+    assert '<span class="mark down">gpu&lt;1&gt;</span>' in html
+    assert '<td data-label="Default model">&lt;img src=x onerror=alert(1)&gt;</td>' in html
+    assert "no healthy host for: r&amp;d</p>" in html
+
+
+def test_a_value_in_an_attribute_is_escaped(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No config or host value lands in an attribute today; the time in ``title`` is the
+    one computed there, so a hostile one is put in its place to test that path."""
+    hostile = 'x" onmouseover="alert(1)" <b>'
+    monkeypatch.setattr(render, "rfc3339", lambda epoch: hostile)
+    cfg = config({"gpu-a": "http://a"})
+    states = table(cfg, clock)
+    states.record_ok("gpu-a", loaded=[], known=[])
+    html = page(cfg, states.snapshot(), clock.seconds())
+
+    assert (
+        '<span title="x&quot; onmouseover=&quot;alert(1)&quot; &lt;b&gt;">0 s ago</span>'
+    ) in html
+    assert 'As of x" onmouseover="alert(1)" &lt;b&gt;; this page' in html  # text: " stays
+
+
+def test_the_css_is_written_as_it_is(clock: Clock) -> None:
+    """Inside <style> a browser reads text raw, so the flattener must find nothing to escape."""
+    assert not set("<>&") & set(render._STYLE)
+    html = page(config({}), {}, clock.seconds())
+    assert f"<style>{render._STYLE}</style>" in html
+
+
+# -- what a person reads ------------------------------------------------------------------------
+
+Action = Callable[[HealthTable], None]
+
+
+def never_polled(table: HealthTable) -> None:
+    pass
+
+
+def polled_up(table: HealthTable) -> None:
+    table.record_ok("gpu-a", loaded=[], known=[])
+
+
+def polled_down(table: HealthTable) -> None:
+    table.record_failure("gpu-a", "health: HTTP 500")
+
+
+@pytest.mark.parametrize(
+    ("action", "mark"),
+    [
+        (never_polled, '<span class="mark unknown">? unknown</span>'),
+        (polled_up, '<span class="mark up">\u25cf up</span>'),
+        (polled_down, '<span class="mark down">\u25bc down</span>'),
+    ],
+)
+def test_each_host_state_has_its_mark(clock: Clock, action: Action, mark: str) -> None:
+    cfg = config({"gpu-a": "http://a"}, RouteConfig("lab", ("gpu-a",), None))
+    states = table(cfg, clock)
+    action(states)
+    html = page(cfg, states.snapshot(), clock.seconds())
+
+    assert f'<td data-label="State">{mark}</td>' in html
+    cls = mark.split('"')[1]  # the route's list of hosts wears the same colour
+    assert f'<td data-label="Hosts, in order"><span class="{cls}">gpu-a</span></td>' in html
+
+
+@pytest.mark.parametrize("action", [never_polled, polled_down])
+def test_a_host_never_polled_well_says_never(clock: Clock, action: Action) -> None:
+    cfg = config({"gpu-a": "http://a"})
+    states = table(cfg, clock)
+    action(states)
+    html = page(cfg, states.snapshot(), clock.seconds())
+    assert '<td data-label="Last good poll"><span class="muted">never</span></td>' in html
+
+
+def test_the_last_good_poll_is_an_age_with_its_time_on_hover(clock: Clock) -> None:
+    cfg = config({"gpu-a": "http://a"})
+    states = table(cfg, clock)
+    states.record_ok("gpu-a", loaded=["m1"], known=["m1"])
+    clock.advance(125)
+    html = page(cfg, states.snapshot(), clock.seconds())
+    assert (
+        f'<td data-label="Last good poll"><span title="{T0_RFC3339}">2 min ago</span></td>'
+    ) in html
+    assert (
+        '<p class="muted">As of 2023-11-14T22:15:25.000Z; this page reloads every 5 s.</p>' in html
+    )
+
+
+def test_goes_to_now_in_each_case(clock: Clock) -> None:
+    cfg = config(
+        {"gpu-a": "http://a", "gpu-b": "http://b"},
+        RouteConfig("healthy", ("gpu-b", "gpu-a"), None),
+        RouteConfig("anyway", ("gpu-b",), None, when_all_down="try_all"),
+        RouteConfig("stuck", ("gpu-b",), None),
+    )
+    states = table(cfg, clock)
+    states.record_ok("gpu-a", loaded=[], known=[])
+    states.record_failure("gpu-b", "refused")
+    html = page(cfg, states.snapshot(), clock.seconds())
+
+    goes_to = html.split('<table id="routes">')[1]
+    assert '<td data-label="Goes to now"><b>gpu-a</b></td></tr>' in goes_to
+    assert (
+        '<td data-label="Goes to now"><b>gpu-b</b> '
+        '<span class="err">(none healthy; tried anyway)</span></td></tr>'
+    ) in goes_to
+    assert (
+        '<td data-label="Goes to now"><span class="err">no healthy host</span></td></tr>'
+    ) in goes_to
+
+
+def test_the_summary_names_the_routes_that_are_down(clock: Clock) -> None:
+    cfg = config(
+        {"gpu-a": "http://a", "gpu-b": "http://b"},
+        RouteConfig("lab", ("gpu-a",), None),
+        RouteConfig("bee", ("gpu-b",), None),
+        RouteConfig("both", ("gpu-b", "gpu-a"), None),
+    )
+    states = table(cfg, clock)
+    html = page(cfg, states.snapshot(), clock.seconds())
+    assert (
+        '<p><span class="mark down">not ready</span> no healthy host for: lab, bee, both</p>'
+        in html
+    )
+
+    states.record_ok("gpu-a", loaded=[], known=[])
+    html = page(cfg, states.snapshot(), clock.seconds())
+    assert '<p><span class="mark down">not ready</span> no healthy host for: bee</p>' in html
+
+    states.record_ok("gpu-b", loaded=[], known=[])
+    html = page(cfg, states.snapshot(), clock.seconds())
+    assert '<p><span class="mark up">ready</span> every route has a healthy host</p>' in html
+
+
+def test_rows_follow_the_table_and_the_config_in_order(clock: Clock) -> None:
+    cfg = config(
+        {"gpu-b": "http://b", "gpu-a": "http://a"},
+        RouteConfig("z", ("gpu-a",), None),
+        RouteConfig("a", ("gpu-b",), "m1"),
+    )
+    html = page(cfg, table(cfg, clock).snapshot(), clock.seconds(), {"gpu-a": 7})
+    hosts, routes = html.split('<table id="routes">')
+    assert hosts.index("<b>gpu-b</b>") < hosts.index("<b>gpu-a</b>")
+    assert routes.index("<b>z</b>") < routes.index("<b>a</b>")
+    assert hosts.count("<tr>") == 3 and routes.count("<tr>") == 3  # a heading row, then one each
+    assert hosts.count('<td data-label="In flight" class="num">0</td></tr>') == 1  # gpu-b
+    assert hosts.count('<td data-label="In flight" class="num">7</td></tr>') == 1  # gpu-a
