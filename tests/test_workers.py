@@ -14,11 +14,18 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from zope.interface import implementer
 
 from crossbar.config import ConfigError, parse_config, tcp_address
 from crossbar.pages.metrics import merge_workers
+from crossbar.pages.peers import WorkerInfo
 from crossbar.testing import SimulatedHost
+from crossbar.workers import WorkerProcesses
+from crossbar.workers.supervisor import STOP_GRACE
+from tests.support import guard
 from tests.test_service import free_port, wait_for_port
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
@@ -142,5 +149,70 @@ async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> N
     assert result["code"] == 0, result["output"]
     assert result["both_served"]
     assert result["restarted"]  # a worker that died was started again
-    assert "worker 1 ended; starting it again" in result["output"]
+    assert "worker-1 was killed by SIGKILL; starting it again" in result["output"]
     assert result["left"] == set()  # no worker outlives crossbar
+
+
+@implementer(ILogObserver)
+class LogLines:
+    """This process's log lines as they come, and a Deferred for the next one that matches."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._wanted: list[tuple[tuple[str, ...], Deferred[str]]] = []
+        globalLogPublisher.addObserver(self)
+
+    def __call__(self, event: LogEvent) -> None:
+        line = formatEvent(event) or ""
+        self.lines.append(line)
+        for wanted in list(self._wanted):
+            if all(part in line for part in wanted[0]):
+                self._wanted.remove(wanted)
+                wanted[1].callback(line)
+
+    def next(self, *parts: str) -> Deferred[str]:
+        """Fires with the next line that contains every one of ``parts``."""
+        d: Deferred[str] = Deferred()
+        self._wanted.append((parts, d))
+        return d
+
+    def close(self) -> None:
+        globalLogPublisher.removeObserver(self)
+
+
+def worker_pid(workers: WorkerProcesses, name: str) -> int:
+    pid: int = workers.monitor.protocols[name].transport.pid  # type: ignore[union-attr]
+    return pid
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_worker_killed_with_sigkill_is_started_again(tmp_path: Path, reactor: Any) -> None:
+    """Real children of this process: killed, started again, then stopped and waited for."""
+    sim = SimulatedHost({"m1": "loaded"})
+    await sim.listen(0, "127.0.0.1")
+    config = tmp_path / "crossbar.yaml"
+    config.write_text(
+        f'listen: "tcp:{free_port()}:interface=127.0.0.1"\nworkers: 2\n'
+        f"hosts:\n  gpu-a: {sim.url}\nroutes:\n  lab:\n    hosts: [gpu-a]\n"
+    )
+    workers = WorkerProcesses(reactor, str(config), WorkerInfo(0, 2, str(tmp_path)))
+    log = LogLines()
+    up = log.next("[worker-1] host gpu-a is up")
+    workers.startService()
+    try:
+        await guard(up, 30, "worker 1 to start")
+        first = worker_pid(workers, "worker-1")
+        ended = log.next("worker-1 was killed by SIGKILL; starting it again in 1s")
+        up = log.next("[worker-1] host gpu-a is up")
+        os.kill(first, signal.SIGKILL)
+        await guard(ended, 10, "worker 1's end to be seen")
+        await guard(up, 30, "worker 1 to start again")
+        second = worker_pid(workers, "worker-1")
+        assert second != first
+    finally:
+        await guard(workers.stopService(), STOP_GRACE + 5, "the workers to stop")
+        log.close()
+        await sim.stop()
+    assert not alive(second)  # stop waited for it
+    assert "worker-1 exited with code 0" in log.lines  # SIGTERM: a clean stop
+    assert log.lines.count("[worker-1] host gpu-a is up") == 2  # one line per output line

@@ -1,39 +1,31 @@
-"""``python -m crossbar.workers``: one extra worker, started by worker 0."""
+"""``python -m crossbar.workers``: one extra worker, started by worker 0.
+
+Its log goes to stdout as plain lines: worker 0 logs each one with its own timestamp
+and the worker's name in front, so the child adds neither.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 from typing import Any
 
+from twisted.logger import ILogObserver, LogLevel, eventAsText
 from zope.interface import implementer
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a child
     """Run one extra worker until SIGTERM, or until the twistd process is gone."""
-    import argparse
-
     from twisted.internet import reactor, task
-    from twisted.logger import ILogObserver, formatEvent, globalLogBeginner
+    from twisted.logger import globalLogBeginner
 
     from crossbar.config import ConfigError, load_config
     from crossbar.pages.peers import WorkerInfo
     from crossbar.service import Crossbar
 
-    parser = argparse.ArgumentParser(prog="python -m crossbar.workers")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--run-dir", required=True)
-    args = parser.parse_args(argv)
-
-    @implementer(ILogObserver)
-    def observe(event: dict[str, Any]) -> None:
-        text = formatEvent(event)
-        if text and not event.get("log_namespace", "").startswith("twisted"):
-            print(text, flush=True)
-
-    globalLogBeginner.beginLoggingTo([observe], redirectStandardIO=False)
+    args = parse_args(argv)
+    globalLogBeginner.beginLoggingTo([print_event], redirectStandardIO=False)
     try:
         config = load_config(args.config)
     except ConfigError as e:
@@ -53,6 +45,30 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a
     reactor.addSystemEventTrigger("before", "shutdown", crossbar.stopService)  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to twistd, which stops us
     reactor.run()  # type: ignore[attr-defined]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m crossbar.workers")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--run-dir", required=True)
+    return parser.parse_args(argv)
+
+
+@implementer(ILogObserver)
+def print_event(event: dict[str, Any]) -> None:
+    """Print one log event, with its traceback if it has one.
+
+    Twisted's own informational lines are left out, but not its warnings and errors
+    (an unhandled error in a Deferred, say).
+    """
+    chatter = event.get("log_level", LogLevel.info) < LogLevel.warn
+    if chatter and event.get("log_namespace", "").startswith("twisted"):
+        return
+    text = eventAsText(event, includeTimestamp=False, includeSystem=False).rstrip()
+    if text:
+        print(text, flush=True)
 
 
 if __name__ == "__main__":

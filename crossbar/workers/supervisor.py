@@ -5,118 +5,265 @@ worker 0 and starts N-1 more (``python -m crossbar.workers``); each binds the sa
 TCP port with ``SO_REUSEPORT``, so the kernel spreads new connections over them,
 and each has its own health table. The status page and JSON are those of the worker
 that answered (their tables agree within a poll interval).
+
+Twisted's ``ProcessMonitor`` runs the children: it restarts one that ends, logs
+their output lines, and stops them with SIGTERM, then SIGKILL. Around it this module
+adds what it lacks: a line saying which worker ended and how, output lines that
+are neither blank nor too long for its line reader, and a stop that waits until
+every child has exited.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import signal
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet import protocol
-from twisted.internet.defer import Deferred, DeferredList
-from twisted.logger import Logger
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IProcessProtocol,
+    IProcessTransport,
+    IReactorProcess,
+    IReactorTime,
+)
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
+from twisted.runner.procmon import ProcessMonitor
+from zope.interface import implementer
 
 from crossbar.pages.peers import WorkerInfo
 
 log = Logger()
 
-RESTART_DELAY = 1.0
-STOP_GRACE = 10.0
-
-
-class _Relay(protocol.ProcessProtocol):
-    """Passes a worker's output lines to this process's log."""
-
-    def __init__(self, index: int, ended: Deferred[None]) -> None:
-        self._index = index
-        self._ended = ended
-        self._partial = b""
-
-    def outReceived(self, data: bytes) -> None:
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            if line.strip():
-                text = line.decode("utf-8", "replace")
-                log.info("[worker {index}] {line}", index=self._index, line=text)
-
-    errReceived = outReceived
-
-    def processEnded(self, reason: Failure) -> None:
-        self._ended.callback(None)
+THRESHOLD = 30
+"""A worker that ran this long (seconds) had started fine: it is restarted at once,
+and its back-off starts again from ``MIN_RESTART_DELAY``. ProcessMonitor's 1 s is
+shorter than a worker's start (imports, config): one failing while it starts would
+be restarted at once, forever."""
+MIN_RESTART_DELAY = 1
+MAX_RESTART_DELAY = 60
+"""A worker that dies sooner waits 1, 2, 4, ... up to 60 s before its next start, so
+a worker that cannot start costs a start and a log line a minute, not every second."""
+STOP_GRACE = 10
+"""Seconds between SIGTERM and SIGKILL on stop: time to finish the open streams."""
+LINE_LIMIT = 8192
+"""Longer output lines are cut in pieces: ProcessMonitor's line reader (16 KiB at most)
+would otherwise fail and close the child's stdout."""
 
 
 class WorkerProcesses(Service):
-    """Starts workers 1..N-1, restarts one that dies, and stops them with crossbar."""
+    """Starts workers 1..N-1, restarts one that dies, and stops them with crossbar.
+
+    ``stopService`` returns a Deferred that fires once every child has exited, so
+    twistd does not exit (and remove the run directory) under a running worker.
+    """
 
     def __init__(self, reactor: Any, config_path: str, info: WorkerInfo) -> None:
         self._reactor = reactor
-        self._config_path = config_path
-        self._info = info
-        self._processes: dict[int, Any] = {}
-        self._ended: dict[int, Deferred[None]] = {}
+        self._spawner = _Spawner(reactor, self._ended)
+        self.monitor = _Monitor(self._spawner)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for index in range(1, info.count):
+            self.monitor.addProcess(
+                worker_name(index), worker_argv(config_path, info, index), env=env
+            )
 
     def startService(self) -> None:
         super().startService()
-        for index in range(1, self._info.count):
-            self._spawn(index)
+        self.monitor.startService()
 
-    def _spawn(self, index: int) -> None:
-        ended: Deferred[None] = Deferred()
-        argv = [
-            sys.executable,
-            "-m",
-            "crossbar.workers",
-            "--config",
-            self._config_path,
-            "--index",
-            str(index),
-            "--count",
-            str(self._info.count),
-            "--run-dir",
-            self._info.run_dir,
-        ]
-        relay = _Relay(index, ended)
-        self._processes[index] = self._reactor.spawnProcess(
-            relay, sys.executable, argv, env=dict(os.environ)
-        )
-        self._ended[index] = ended
-        ended.addCallback(self._exited, index)
-
-    def _exited(self, _: object, index: int) -> None:
-        self._processes.pop(index, None)
-        if self.running:
-            log.warn("worker {index} ended; starting it again", index=index)
-            self._reactor.callLater(RESTART_DELAY, self._restart, index)
-
-    def _restart(self, index: int) -> None:
-        if self.running and index not in self._processes:
-            self._spawn(index)
-
-    def stopService(self) -> Deferred[Any]:
+    def stopService(self) -> Deferred[None]:
         super().stopService()
-        waits = []
-        for index, process in list(self._processes.items()):
+        self.monitor.stopService()
+        return self._spawner.all_ended()
+
+    def _ended(self, name: str, reason: Failure) -> None:
+        """One line per end, in words; the back-off bounds how often it comes."""
+        how = describe_end(reason)
+        restart = self.monitor.restart.get(name)
+        if not self.running or restart is None or not restart.active():
+            log.info("{name} {how}", name=name, how=how)
+            return
+        # Whole seconds (1, 2, 4 ...), less the moments since it was scheduled.
+        delay = round(restart.getTime() - self._reactor.seconds(), 1)
+        when = f"in {delay:g}s" if delay > 0 else "now"
+        log.warn("{name} {how}; starting it again {when}", name=name, how=how, when=when)
+
+
+def worker_name(index: int) -> str:
+    """The name in the log lines about a worker and in front of each line it prints."""
+    return f"worker-{index}"
+
+
+def worker_argv(config_path: str, info: WorkerInfo, index: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "crossbar.workers",
+        "--config",
+        config_path,
+        "--index",
+        str(index),
+        "--count",
+        str(info.count),
+        "--run-dir",
+        info.run_dir,
+    ]
+
+
+def describe_end(reason: Failure) -> str:
+    """How a process ended, e.g. ``exited with code 1`` or ``was killed by SIGKILL``."""
+    value = reason.value
+    if isinstance(value, ProcessDone | ProcessTerminated):
+        if value.signal is not None:
             try:
-                process.signalProcess("TERM")
-            except Exception:
-                continue
-            killer = self._reactor.callLater(STOP_GRACE, _kill, process)
-            ended = self._ended[index]
-            ended.addBoth(_cancel_call, killer)
-            waits.append(ended)
-        return DeferredList(waits, consumeErrors=True)
+                name = signal.Signals(value.signal).name
+            except ValueError:
+                name = f"signal {value.signal}"
+            return f"was killed by {name}"
+        return f"exited with code {value.exitCode}"
+    return f"ended: {value}"
 
 
-def _cancel_call(result: object, call: Any) -> object:
-    if call.active():
-        call.cancel()
-    return result
+class _OutputLog(Logger):
+    """ProcessMonitor's logger, without blank output lines.
+
+    Its output relay also ends each stream with a blank line when the child exits
+    (it tests ``bytes[-1] == b"\\n"``, which is never true), so blank lines are dropped.
+    """
+
+    def emit(self, level: LogLevel, format: str | None = None, **kwargs: object) -> None:
+        if "stream" in kwargs and not str(kwargs.get("line", "")).strip():
+            return
+        super().emit(level, format, **kwargs)
 
 
-def _kill(process: Any) -> None:
-    with contextlib.suppress(Exception):
-        process.signalProcess("KILL")
+class _Monitor(ProcessMonitor):
+    """ProcessMonitor with crossbar's timings (see the constants above)."""
+
+    threshold = THRESHOLD
+    killTime = STOP_GRACE
+    minRestartDelay = MIN_RESTART_DELAY
+    maxRestartDelay = MAX_RESTART_DELAY
+
+    def __init__(self, reactor: IReactorProcess) -> None:
+        super().__init__(reactor)
+        # "[worker-1] line" in crossbar's namespace, not in twisted.runner's.
+        self.log = _OutputLog("crossbar.workers", source=self)
+
+
+@implementer(IReactorProcess, IReactorTime)
+class _Spawner:
+    """The reactor as the ProcessMonitor sees it: it knows which children are running.
+
+    ProcessMonitor only spawns through its reactor, so this is where each child's
+    end can be seen without touching its private methods.
+    """
+
+    def __init__(self, reactor: Any, ended: Callable[[str, Failure], None]) -> None:
+        self._reactor = reactor
+        self._ended = ended
+        self._running: set[str] = set()
+        self._waiting: list[Deferred[None]] = []
+
+    def all_ended(self) -> Deferred[None]:
+        """Fires once no child is running (at once if none is)."""
+        d: Deferred[None] = Deferred()
+        self._waiting.append(d)
+        self._check()
+        return d
+
+    def spawnProcess(
+        self,
+        processProtocol: IProcessProtocol,
+        executable: bytes | str,
+        args: Sequence[bytes | str],
+        env: Any = None,
+        path: bytes | str | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        usePTY: bool = False,
+        childFDs: Any = None,
+    ) -> IProcessTransport:
+        name = str(getattr(processProtocol, "name", executable))
+        watched = _Watched(processProtocol, lambda reason: self._process_ended(name, reason))
+        process: IProcessTransport = self._reactor.spawnProcess(
+            watched, executable, args, env, path, uid, gid, usePTY, childFDs
+        )
+        self._running.add(name)
+        return process
+
+    def _process_ended(self, name: str, reason: Failure) -> None:
+        self._running.discard(name)
+        self._ended(name, reason)
+        self._check()
+
+    def _check(self) -> None:
+        if not self._running:
+            waiting, self._waiting = self._waiting, []
+            for d in waiting:
+                d.callback(None)
+
+    def callLater(
+        self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any
+    ) -> IDelayedCall:
+        call: IDelayedCall = self._reactor.callLater(delay, callable, *args, **kw)
+        return call
+
+    def seconds(self) -> float:
+        return float(self._reactor.seconds())
+
+    def getDelayedCalls(self) -> Sequence[IDelayedCall]:
+        calls: Sequence[IDelayedCall] = self._reactor.getDelayedCalls()
+        return calls
+
+
+@implementer(IProcessProtocol)
+class _Watched:
+    """Passes everything to ProcessMonitor's protocol, with long lines cut, and then
+    reports the end (after ProcessMonitor has scheduled the restart)."""
+
+    def __init__(self, inner: IProcessProtocol, ended: Callable[[Failure], None]) -> None:
+        self._inner = inner
+        self._ended = ended
+        self._line_length: dict[int, int] = {}
+
+    def makeConnection(self, process: IProcessTransport) -> None:
+        self._inner.makeConnection(process)
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        self._inner.childDataReceived(childFD, self._cut(childFD, data))
+
+    def _cut(self, fd: int, data: bytes) -> bytes:
+        """``data`` with a newline wherever a line would pass ``LINE_LIMIT`` bytes."""
+        length = self._line_length.get(fd, 0)
+        pieces: list[bytes] = []
+        for i, part in enumerate(data.split(b"\n")):
+            if i:
+                pieces.append(b"\n")
+                length = 0
+            while length + len(part) > LINE_LIMIT:
+                room = LINE_LIMIT - length
+                pieces += [part[:room], b"\n"]
+                part, length = part[room:], 0
+            pieces.append(part)
+            length += len(part)
+        self._line_length[fd] = length
+        return b"".join(pieces)
+
+    def childConnectionLost(self, childFD: int) -> None:
+        self._inner.childConnectionLost(childFD)
+
+    def processExited(self, reason: Failure) -> None:
+        self._inner.processExited(reason)
+
+    def processEnded(self, reason: Failure) -> None:
+        try:
+            self._inner.processEnded(reason)
+        finally:
+            self._ended(reason)
