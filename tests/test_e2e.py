@@ -13,8 +13,7 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from crossbar.config import HostSettings
-from crossbar.testing import SimulatedHost
-from tests.support import Rig, build, teardown
+from crossbar.testing import Rig, SimulatedHost, build, teardown
 
 
 @pytest_twisted.async_yield_fixture

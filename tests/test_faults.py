@@ -25,20 +25,8 @@ from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings, RouteConfig
 from crossbar.service import CLIENT_IDLE_TIMEOUT
-from crossbar.testing import SimulatedHost
-from tests.support import (
-    Blackhole,
-    RigMaker,
-    broken,
-    eventually,
-    fast,
-    guard,
-    header,
-    memory,
-    raw_request,
-    rigs,
-    start_daemon,
-)
+from crossbar.testing import RigMaker, SimulatedHost, broken, eventually, fast, guard, rigs
+from tests.support import Blackhole, header, memory, raw_request, start_daemon
 
 CHAT = "/lab/v1/chat/completions"
 BODY = (

@@ -18,8 +18,7 @@ from twisted.web.client import ResponseNeverReceived
 from crossbar.config import HostSettings, RouteConfig
 from crossbar.fleet import HealthTable, Outcome
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
-from crossbar.testing import SimulatedHost
-from tests.support import Rig, all_polled, rigs
+from crossbar.testing import Rig, SimulatedHost, all_polled, rigs
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 LAB_A_200 = {"route": "lab", "host": "gpu-a", "code": "200"}

@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 
 from crossbar.testing import BUILD_INFO, RecordedRequest, SimulatedHost
-from crossbar.testing.simulator import _parse_models
+from crossbar.testing.simulator.__main__ import _parse_models
 
 TWO_MODELS = {"tiny-a": "loaded", "tiny-b": "unloaded"}
 ERROR_KEYS = ["code", "message", "type"]

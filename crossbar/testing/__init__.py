@@ -1,7 +1,44 @@
 """Test doubles for crossbar and for programs that use it, published the way
-``treq.testing`` is: a simulated ``llama-server`` that answers as a real one does,
-and can be told to misbehave."""
+``treq.testing`` is: a simulated ``llama-server`` that answers as a real one does and can be
+told to misbehave, and a crossbar running in-process in front of such hosts.
 
+Importing this package installs no reactor: the helpers use the global one when called.
+"""
+
+from crossbar.testing.logs import LogCapture
+from crossbar.testing.reader import Reader, broken
+from crossbar.testing.rig import (
+    FAST,
+    Rig,
+    RigMaker,
+    all_polled,
+    build,
+    fast,
+    rigs,
+    teardown,
+    wait_state,
+)
 from crossbar.testing.simulator import BUILD_INFO, Fault, RecordedRequest, SimulatedHost
+from crossbar.testing.waiting import eventually, guard, turns
 
-__all__ = ["BUILD_INFO", "Fault", "RecordedRequest", "SimulatedHost"]
+__all__ = [
+    "BUILD_INFO",
+    "FAST",
+    "Fault",
+    "LogCapture",
+    "Reader",
+    "RecordedRequest",
+    "Rig",
+    "RigMaker",
+    "SimulatedHost",
+    "all_polled",
+    "broken",
+    "build",
+    "eventually",
+    "fast",
+    "guard",
+    "rigs",
+    "teardown",
+    "turns",
+    "wait_state",
+]

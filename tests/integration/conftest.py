@@ -33,9 +33,13 @@ Fixtures:
     models. Stopped at teardown of the test (or of the module), children too.
 ``crossbar_process`` / ``module_crossbar_process``
     ``crossbar_process(config_dict) -> CrossbarProcess``: crossbar itself under
-    ``twistd -n --pidfile= crossbar --config <tmp>/crossbar.yaml``, with the dict written as
+    ``twistd -n --pidfile= crossbar -c crossbar.yaml`` in a new folder, with the dict written as
     YAML; ``listen`` is filled in with a free port when missing. Ready when its port accepts
     connections. Stopped at teardown of the test (or of the module).
+
+Both kinds of process are :class:`tests.support.Daemon` s, started and stopped the way the
+unit tests start crossbar: in a session of their own, so that nothing they spawn outlives
+the test.
 
 Example::
 
@@ -56,25 +60,24 @@ work from ordinary tests and from ``pytest_twisted.inlineCallbacks`` / ``ensureD
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import attrs
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO, Daemon, free_port, start_daemon
+
 BUILD_SCRIPT = REPO / "scripts" / "llama-server.sh"
 TINY_MODELS_SCRIPT = REPO / "scripts" / "tiny_models.py"
 
@@ -84,10 +87,10 @@ BINARY_ENV = "CROSSBAR_LLAMA_SERVER"
 # Bounds of every wait here; a first build of llama-server takes about ten minutes.
 BUILD_TIMEOUT = 60 * 60.0
 ROUTER_READY_TIMEOUT = 30.0
-CROSSBAR_READY_TIMEOUT = 20.0
-STOP_TIMEOUT = 10.0
-POLL_INTERVAL = 0.05
 START_ATTEMPTS = 3
+
+CrossbarProcess = Daemon
+"""A running crossbar (``twistd -n crossbar``; twistd logs to stdout)."""
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -95,38 +98,6 @@ def _unavailable(reason: str) -> NoReturn:
     if os.environ.get(REQUIRE_ENV):
         pytest.fail(f"{reason} ({REQUIRE_ENV} is set, so this is an error)", pytrace=False)
     pytest.skip(f"integration prerequisites missing: {reason}")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process (it stops its own children), then SIGKILL its whole process group.
-
-    Each process is started in a session of its own, so its process group holds it and the
-    model instances a router spawned; nothing outlives the test.
-    """
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=STOP_TIMEOUT)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=STOP_TIMEOUT)
 
 
 def _http_status(url: str, timeout: float = 1.0) -> int | None:
@@ -141,12 +112,9 @@ def _http_status(url: str, timeout: float = 1.0) -> int | None:
         return None
 
 
-def _accepts_connections(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+def _healthy(url: str) -> Callable[[], bool]:
+    """A check that the server at ``url`` answers ``/health`` with 200."""
+    return lambda: _http_status(f"{url}/health", timeout=0.5) == 200
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,55 +203,11 @@ def tiny_models(
 # --------------------------------------------------------------------------------------------
 
 
-def _spawn(args: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> Any:
-    """Start a server in a session of its own, its output going to ``log_path``."""
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-
-
-@dataclass
-class ServerProcess:
-    """A server this test run started on 127.0.0.1, with its output in a log file."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:40123`` (no trailing slash)."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self, lines: int = 40) -> str:
-        """The last lines of its combined stdout/stderr."""
-        return _tail(self.log_path, lines)
-
-    def log_text(self) -> str:
-        """Its whole log so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """Stop it, and for a router the model instances it started (idempotent)."""
-        _stop(self.process)
-
-
-@dataclass
-class RouterProcess(ServerProcess):
-    """A running ``llama-server`` in router mode."""
+@attrs.define
+class RouterProcess(Daemon):
+    """A running ``llama-server`` in router mode, and how to start it again."""
 
     models_dir: Path = Path()
-    args: list[str] = field(default_factory=list)
     models_max: int = 2
     extra_args: tuple[str, ...] = ()
 
@@ -322,21 +246,23 @@ class RouterStarter:
                 "--models-max", str(models_max),
                 *extra_args,
             ]  # fmt: skip
-            log_path = workdir / f"router-{attempt}.log"
-            process = _spawn(args, log_path, env, workdir)
-            router = RouterProcess(
-                process, number, log_path, models_dir, args, models_max, tuple(extra_args)
+            router = RouterProcess.start(
+                args,
+                number,
+                workdir / f"router-{attempt}.log",
+                cwd=workdir,
+                env=env,
+                models_dir=models_dir,
+                models_max=models_max,
+                extra_args=tuple(extra_args),
             )
             self.started.append(router)
-            deadline = time.monotonic() + ROUTER_READY_TIMEOUT
-            while time.monotonic() < deadline and process.poll() is None:
-                if _http_status(f"{router.url}/health", timeout=0.5) == 200:
-                    return router
-                time.sleep(POLL_INTERVAL)
-            router.stop()
+            if router.wait(_healthy(router.url), ROUTER_READY_TIMEOUT):
+                return router
+            code = router.stop()
             problem = (
-                f"exited with {process.returncode}"
-                if process.returncode not in (None, -signal.SIGTERM, -signal.SIGKILL)
+                f"exited with {code}"
+                if code not in (-signal.SIGTERM, -signal.SIGKILL)
                 else f"no 200 from /health within {ROUTER_READY_TIMEOUT:.0f} s"
             )
             problem += f"; log:\n{router.log()}"
@@ -391,25 +317,6 @@ def module_llama_router(
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class CrossbarProcess(ServerProcess):
-    """A running crossbar (``twistd -n crossbar``; twistd logs to stdout)."""
-
-    config_path: Path = Path()
-    config: dict[str, Any] = field(default_factory=dict)
-
-
-def twistd_path() -> Path:
-    """``twistd`` of the running interpreter's environment (next to ``sys.executable``)."""
-    candidate = Path(sys.executable).parent / "twistd"
-    if candidate.exists():
-        return candidate
-    found = shutil.which("twistd")
-    if found is None:
-        pytest.fail(f"twistd not found next to {sys.executable} nor on PATH", pytrace=False)
-    return Path(found)
-
-
 class CrossbarStarter:
     """Starts crossbar processes and remembers them, so whoever owns it can stop them all."""
 
@@ -418,40 +325,11 @@ class CrossbarStarter:
         self.started: list[CrossbarProcess] = []
 
     def __call__(self, config: dict[str, Any]) -> CrossbarProcess:
-        workdir = self.tmp_path_factory.mktemp("crossbar")
-        if "listen" in config:
-            port = _port_of(str(config["listen"]))
-            config = dict(config)
-        else:
-            port = free_port()
-            config = {"listen": f"tcp:{port}:interface=127.0.0.1", **config}
-        config_path = workdir / "crossbar.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        log_path = workdir / "crossbar.log"
-        args = [
-            str(twistd_path()),
-            "-n",
-            "--pidfile=",
-            "crossbar",
-            "--config",
-            str(config_path),
-        ]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        process = _spawn(args, log_path, env, REPO)
-        proxy = CrossbarProcess(process, port, log_path, config_path, config)
+        port = _port_of(str(config["listen"])) if "listen" in config else None
+        text = yaml.safe_dump(config, sort_keys=False)
+        proxy = start_daemon(self.tmp_path_factory.mktemp("crossbar"), text, port=port)
         self.started.append(proxy)
-        deadline = time.monotonic() + CROSSBAR_READY_TIMEOUT
-        while time.monotonic() < deadline and process.poll() is None:
-            if _accepts_connections(port):
-                return proxy
-            time.sleep(POLL_INTERVAL)
-        proxy.stop()
-        pytest.fail(
-            f"crossbar did not accept connections on port {port} "
-            f"(exit code {process.returncode}); log:\n{proxy.log()}",
-            pytrace=False,
-        )
+        return proxy
 
     def stop_all(self) -> None:
         for proxy in self.started:
@@ -465,9 +343,9 @@ def crossbar_process(
     """Factory: ``crossbar_process(config: dict) -> CrossbarProcess``.
 
     Writes ``config`` as YAML to ``<tmp>/crossbar.yaml`` (``listen`` defaults to
-    ``tcp:<free port>:interface=127.0.0.1``), runs
-    ``<venv>/bin/twistd -n --pidfile= crossbar --config <tmp>/crossbar.yaml`` from the repository
-    root, and returns once the port accepts connections. Stopped at teardown.
+    ``tcp:<free port>:interface=127.0.0.1``), runs ``twistd -n --pidfile= crossbar -c
+    crossbar.yaml`` there with this checkout first on ``PYTHONPATH``, and returns once the port
+    accepts connections. Stopped at teardown.
     """
     starter = CrossbarStarter(tmp_path_factory)
     yield starter

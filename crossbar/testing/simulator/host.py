@@ -1,0 +1,323 @@
+"""``SimulatedHost``: one simulated llama-server, what tests build, steer and inspect.
+
+It decides every answer (which route, which model, which fault); ``replies`` says what the
+answer looks like, ``serving`` sends it, and ``models`` keeps the router's models.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.task import deferLater
+from twisted.web.server import Request
+
+from crossbar.testing.simulator import serving
+from crossbar.testing.simulator.models import ModelTable
+from crossbar.testing.simulator.replies import (
+    COMPLETIONS,
+    METRICS,
+    SLOTS,
+    HttpError,
+    Reply,
+    dumps,
+    model_props,
+    router_models,
+    router_props,
+    single_models,
+)
+
+Fault = Literal["loading", "error", "hang", "reset", "close"] | None
+"""What a host can be told to do wrong with every request from now on (``None``: nothing).
+
+``loading`` answers 503 as a starting server does, ``error`` answers ``error_status``,
+``hang`` never answers, ``close`` closes the connection unanswered, ``reset`` aborts it
+(a stream after ``reset_after`` tokens).
+"""
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the simulated host received it."""
+
+    method: str
+    path: str  # including the query string
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class SimulatedHost:
+    """One simulated llama-server host, in router mode unless ``router=False``.
+
+    ``models`` maps model ids to ``loaded``, ``loading`` or ``unloaded``. Every setting below
+    is a plain attribute that a test may change at any time; it applies from the next request
+    (``chunk_interval`` from the next token).
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, str] | None = None,
+        *,
+        router: bool = True,
+        chunks: int = 8,
+        chunk_interval: float = 0.0,
+        chunk_size: int = 1,
+        load_time: float = 0.0,
+        models_max: int = 4,
+        reactor: Any = None,
+        idle_timeout: float | None = 5.0,
+        unload_time: float = 0.0,
+    ) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as _reactor
+
+            reactor = _reactor
+        models = {"tiny-a": "loaded"} if models is None else models
+        if not router and len(models) != 1:
+            raise ValueError("a single-model host serves exactly one model")
+        self.router = router
+        self.chunks = chunks  # tokens of an answer that sets no limit
+        self.chunk_interval = chunk_interval  # seconds a token
+        self.chunk_size = chunk_size  # letters a token
+        self.load_time = load_time
+        self.unload_time = unload_time  # seconds a stopped model stays listed as loaded
+        self.models_max = models_max
+        self.close_completions = True  # as a router does; False to keep the connection
+        self.fault: Fault = None
+        self.error_status = 500
+        self.reset_after = 2
+        self.fail_loads: set[str] = set()
+        # What happened, for tests to look at.
+        self.requests: list[RecordedRequest] = []
+        self.connections_closed = 0
+        self.active_streams = 0
+        self.chunks_sent = 0
+        self.resource = serving.SimResource(self._record, self._handle)
+        self._reactor: Any = reactor
+        self._table = ModelTable(reactor, self, models)
+        self._port: IListeningPort | None = None
+        self._port_number = 0
+        self._interface = "127.0.0.1"
+        self._closed_waiters: list[Deferred[None]] = []
+        self._request_waiters: list[Deferred[RecordedRequest]] = []
+        site = serving.QuietSite(self.resource, timeout=idle_timeout, reactor=reactor)
+        self._factory = serving.ConnectionTracker(site, self._connection_lost)
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if not self._port_number:
+            raise RuntimeError("the simulated host has never listened")
+        return f"http://{self._interface}:{self._port_number}"
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._factory.protocols)
+
+    @property
+    def models(self) -> dict[str, str]:
+        """A snapshot of every model's status value."""
+        return {m.id: m.status for m in self._table.models.values()}
+
+    def status(self, model_id: str) -> str:
+        return self._table.models[model_id].status
+
+    def set_status(self, model_id: str, status: str) -> None:
+        """Force a model's status (adding the model if new), as if changed behind our back."""
+        self._table.set_status(model_id, status)
+
+    def paths(self) -> list[str]:
+        return [r.path for r in self.requests]
+
+    def wait_connection_closed(self) -> Deferred[None]:
+        """Fires when the next client connection closes."""
+        d: Deferred[None] = Deferred()
+        self._closed_waiters.append(d)
+        return d
+
+    def wait_request(self) -> Deferred[RecordedRequest]:
+        """Fires with the next request received (after it is recorded)."""
+        d: Deferred[RecordedRequest] = Deferred()
+        self._request_waiters.append(d)
+        return d
+
+    def listen(
+        self, port: int | None = None, interface: str | None = None
+    ) -> Deferred[IListeningPort]:
+        """Start listening; with no port, on the one used before (or any free one)."""
+        if self._port is None:
+            self._interface = interface or self._interface
+            number = self._port_number if port is None else port
+            self._port = self._reactor.listenTCP(number, self._factory, interface=self._interface)
+            address: Any = self._port.getHost()
+            self._port_number = address.port
+        return succeed(self._port)
+
+    def refuse(self) -> Deferred[None]:
+        """Stop listening (new connections are refused) and abort the open ones."""
+        return Deferred.fromCoroutine(self._close(cancel_loads=False))
+
+    def stop(self) -> Deferred[None]:
+        """Stop listening, abort every connection, unload loading models; idempotent."""
+        return Deferred.fromCoroutine(self._close(cancel_loads=True))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _close(self, *, cancel_loads: bool) -> None:
+        if self._port is not None:
+            port, self._port = self._port, None
+            await maybeDeferred(port.stopListening)
+        for protocol in list(self._factory.protocols):
+            protocol.transport.abortConnection()
+        while self._factory.protocols:
+            await self.wait_connection_closed()
+        if cancel_loads:
+            self._table.cancel_pending()
+
+    def _connection_lost(self) -> None:
+        self.connections_closed += 1
+        waiters, self._closed_waiters = self._closed_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _record(self, request: Request) -> None:
+        headers = {
+            name.decode("latin-1").lower(): ", ".join(v.decode("latin-1") for v in values)
+            for name, values in request.requestHeaders.getAllRawHeaders()
+        }
+        body = serving.request_body(request)
+        recorded = RecordedRequest(request.method.decode(), request.uri.decode(), headers, body)
+        self.requests.append(recorded)
+        waiters, self._request_waiters = self._request_waiters, []
+        for d in waiters:
+            d.callback(recorded)
+
+    # -- request handling --------------------------------------------------------------------
+
+    async def _handle(self, request: Request) -> None:
+        fault = self.fault
+        if fault == "hang":
+            await Deferred()  # only ever cancelled, when the client goes away
+            return
+        if fault == "close":
+            serving.transport(request).loseConnection()
+            return
+        if fault == "reset" and not serving.wants_stream(request):
+            serving.transport(request).abortConnection()
+            return
+        try:
+            if fault == "loading":
+                raise HttpError(503, "Loading model")
+            if fault == "error":
+                raise HttpError(self.error_status, "simulated server error")
+            await self._route(request, self.reset_after if fault == "reset" else None)
+        except HttpError as e:
+            serving.send_error(request, e.status, e.message)
+
+    async def _route(self, request: Request, reset_after: int | None) -> None:
+        method, path = request.method.decode(), request.path.decode()
+        if method == "GET" and path in ("/health", "/v1/health"):
+            serving.send(request, 200, dumps({"status": "ok"}))
+        elif method == "GET" and path in ("/models", "/v1/models"):
+            created = int(self._reactor.seconds())  # the time of the answer, not of the file
+            if self.router:
+                listing = router_models(self._table.models.values(), created)
+            else:
+                listing = single_models(self._single_model(), created)
+            serving.send(request, 200, dumps(listing))
+        elif method == "POST" and path in COMPLETIONS:
+            await self._completion(request, chat="chat" in path, reset_after=reset_after)
+        elif method == "GET" and path in ("/props", "/slots", "/metrics"):
+            await self._info(request, path)
+        elif self.router and method == "POST" and path in ("/models/load", "/models/unload"):
+            self._load_or_unload(request, load=path == "/models/load")
+        else:
+            raise HttpError(404, "File Not Found")
+
+    def _single_model(self) -> str:
+        (name,) = self._table.models
+        return name
+
+    async def _ready(self, request: Request, name: str, *, touch: bool) -> None:
+        """The router's check of a requested model; it loads the model unless told not to."""
+        autoload = serving.query(request, "autoload") not in ("false", "0")
+        await self._table.ready(name, autoload=autoload, touch=touch)
+
+    async def _info(self, request: Request, path: str) -> None:
+        """/props, /slots, /metrics: in router mode ``?model=X`` loads X first (!)."""
+        name = serving.query(request, "model")
+        if not self.router:
+            name = self._single_model()
+        elif not name and path == "/props":
+            serving.send(request, 200, dumps(router_props(self.models_max)))
+            return
+        else:
+            await self._ready(request, name, touch=False)
+        if path == "/props":
+            serving.send(request, 200, dumps(model_props(name)))
+        elif path == "/slots":
+            serving.send(request, 200, dumps(SLOTS))
+        else:
+            serving.send(request, 200, METRICS, b"text/plain; version=0.0.4")
+
+    def _load_or_unload(self, request: Request, *, load: bool) -> None:
+        body = serving.json_body(request)
+        model = self._table.models.get(str(body.get("model", "")))
+        if model is None:
+            # sic: loading an unknown model is the HTTP layer's plain 404
+            raise HttpError(404, "File Not Found") if load else HttpError(400, "model is not found")
+        if load and model.status != "unloaded":
+            raise HttpError(400, "model is already running")
+        if not load and (model.status == "unloaded" or model.unload_call is not None):
+            raise HttpError(400, "model is not running")
+        if load:
+            self._table.start_load(model)
+        else:
+            self._table.stop(model)
+        serving.send(request, 200, dumps({"success": True}))
+
+    async def _completion(self, request: Request, *, chat: bool, reset_after: int | None) -> None:
+        body = serving.json_body(request)
+        requested = body.get("model")
+        name = requested if isinstance(requested, str) else ""
+        if self.router:
+            await self._ready(request, name, touch=True)
+            if self.close_completions:
+                serving.close_after(request)
+        else:
+            name = name or next(iter(self._table.models))
+        created = int(self._reactor.seconds())
+        reply = Reply.to(
+            body,
+            chat=chat,
+            model=name,
+            created=created,
+            chunks=self.chunks,
+            pace=self.chunk_interval,
+        )
+        if body.get("stream") is True:
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.setHeader(b"x-accel-buffering", b"no")
+            request.setHeader(b"keep-alive", b"timeout=5, max=100")
+            options = body.get("stream_options")
+            with_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = reply.events(self.chunk_size, with_usage)
+            stream = serving.SSEStream(self, self._reactor, request, events, reset_after)
+            stream.start()
+            await stream.done
+            return
+        if self.chunk_interval > 0 and reply.tokens:
+            await deferLater(self._reactor, self.chunk_interval * reply.tokens)
+        if self.router:
+            # What the router relays from the model's server comes chunked, unbuffered.
+            request.setHeader(b"x-accel-buffering", b"no")
+        whole = dumps(reply.whole(self.chunk_size))
+        serving.send(request, 200, whole, chunked=self.router)
