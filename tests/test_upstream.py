@@ -26,7 +26,7 @@ from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceiv
 from twisted.web.http import PotentialDataLoss
 
 from crossbar.upstream import Response, Upstreams, endpoint_for
-from crossbar.upstream.connection import BadAnswer
+from crossbar.upstream.parsing import BadAnswer
 
 T = TypeVar("T")
 H = "gpu-a"
@@ -578,6 +578,10 @@ BIG = b"X-Big: " + b"a" * (70 * 1024)
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n" + BIG,
         b"HTTP/1.1 200 OK\r\n" + BIG + b"\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.1 999 Nine\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Split: a\rInjected: b\r\nContent-Length: 0\r\n\r\n",
     ],
     ids=[
         "bad status code",
@@ -589,6 +593,10 @@ BIG = b"X-Big: " + b"a" * (70 * 1024)
         "protocol switch",
         "header block over 64 KiB, unfinished",
         "header block over 64 KiB, complete",
+        "content-length and transfer-encoding",
+        "transfer-encoding and content-length",
+        "status code over 599",
+        "bare CR in a header value",
     ],
 )
 @pytest_twisted.ensureDeferred
@@ -673,6 +681,26 @@ async def test_host_speaking_unasked_on_an_idle_connection_closes_it(rig: Rig) -
     await guard(host.connections[0].closed)
     await fetch(pool)
     assert len(host.connections) == 2
+
+
+@pytest.mark.parametrize("unasked", [b"HTTP/1.1 200 OK\r\n", b""], ids=["bytes", "close"])
+@pytest_twisted.ensureDeferred
+async def test_idle_connection_the_host_spoke_on_is_not_reused(rig: Rig, unasked: bytes) -> None:
+    """Bytes (or the end of the connection) that reached an idle connection's socket but
+    that the reactor has not read yet: the connection is dropped when it is taken, and the
+    request goes out on a new one, never answered from those bytes, never failed."""
+    host = rig.host(answers(OK, ok(b"fresh")))
+    pool = rig.upstreams(host.url)
+    await fetch(pool)
+    sock = host.connections[0].transport.getHandle()  # type: ignore[union-attr]
+    if unasked:
+        sock.send(unasked)  # straight to the socket: no reactor turn in between
+    else:
+        sock.shutdown(socket.SHUT_WR)
+    response, body, reason = await fetch(pool)
+    assert (response.code, body.data) == (200, b"fresh") and reason.check(ResponseDone)
+    assert len(host.connections) == 2
+    assert len(host.connections[0].requests) == 1
 
 
 # -- no answer -----------------------------------------------------------------------------------

@@ -326,19 +326,19 @@ GOOD = [
     Good(
         "head-with-length",
         answer(b"HTTP/1.1 200 OK", b"Content-Length: 1234"),
-        Head(200, b"OK", [(b"Content-Length", b"1234")], 1234, False),
+        Head(200, b"OK", [(b"Content-Length", b"1234")], 1234, True),
         head_only=True,
     ),
     Good(
         "head-chunked",
         answer(b"HTTP/1.1 200 OK", TE_CHUNKED),
-        Head(200, b"OK", [(b"Transfer-Encoding", b"chunked")], None, False),
+        Head(200, b"OK", [(b"Transfer-Encoding", b"chunked")], None, True),
         head_only=True,
     ),
     Good(
         "head-no-length",
         answer(b"HTTP/1.1 200 OK", b"Content-Type: text/html"),
-        Head(200, b"OK", [(b"Content-Type", b"text/html")], None, False),
+        Head(200, b"OK", [(b"Content-Type", b"text/html")], None, True),
         head_only=True,
     ),
     Good(
@@ -442,7 +442,7 @@ GOOD = [
     Good(
         "bytes-after-head-answer",
         answer(b"HTTP/1.1 200 OK", b"Content-Length: 3") + b"abc",
-        Head(200, b"OK", [(b"Content-Length", b"3")], 3, False),
+        Head(200, b"OK", [(b"Content-Length", b"3")], 3, True),
         extra=b"abc",
         head_only=True,
     ),
@@ -783,7 +783,8 @@ def test_a_get_after_a_head_on_the_same_parser() -> None:
     parser, record = make()
     parser.expect(True)
     parser.feed(answer(OK, b"Content-Length: 5"))
-    assert record.ends == [b""] and record.heads[0].length == 5 and not record.heads[0].keep_alive
+    # The head ends the answer to a HEAD, so the connection stays usable.
+    assert record.ends == [b""] and record.heads[0].length == 5 and record.heads[0].keep_alive
     parser.expect(False)
     parser.feed(answer(OK, b"Content-Length: 5", body=b"hello"))
     assert bytes(record.body) == b"hello" and record.ends == [b"", b""]

@@ -1,5 +1,6 @@
-"""One kept-alive HTTP/1.1 connection to a host: it sends a request, reads the answer,
-and hands the body to a protocol as it arrives.
+"""One kept-alive HTTP/1.1 connection to a host: it sends a request, reads the answer
+with :class:`~crossbar.upstream.parsing.AnswerParser` (llhttp), and hands the body to
+a protocol as it arrives.
 
 The failures are Twisted's (``ResponseNeverReceived`` before the status line,
 ``ResponseFailed`` in the body, ``ResponseDone`` at the end), so the proxy reads them
@@ -8,33 +9,42 @@ as it would an ``Agent``'s.
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Any
+import socket
+from typing import Any, Protocol
 
 import attrs
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer, ITCPTransport
-from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
+from twisted.internet.protocol import ClientFactory, connectionDone
+from twisted.internet.protocol import Protocol as BodyProtocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
 from crossbar._twisted import direct, write_now
-
-if TYPE_CHECKING:
-    from crossbar.upstream.pool import Upstreams, _Call
-
-MAX_HEAD = 64 * 1024
-"""Largest status line and headers accepted from a host."""
-
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-_NO_BODY_CODES = frozenset({204, 304})
+from crossbar.upstream.parsing import AnswerParser, BadAnswer, Head
 
 
-class BadAnswer(Exception):
-    """The host's answer is not HTTP/1.1 that crossbar can frame."""
+class Owner(Protocol):
+    """What a connection needs of its pool."""
+
+    def release(self, connection: Connection) -> None:
+        """The answer is complete and the connection may be reused."""
+
+    def forget(self, connection: Connection) -> None:
+        """The connection is closed."""
+
+
+class Waiter(Protocol):
+    """The request a connection is answering, until its status line arrives."""
+
+    def answered(self, response: Response) -> None: ...
+
+    def fail(self, reason: Failure) -> None: ...
+
+    def lost(self, connection: Connection, reason: Failure, got_bytes: bool) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -52,12 +62,12 @@ class Response:
     length: int | None
     """From ``Content-Length``; ``None`` when chunked or until the connection closes."""
     _connection: Connection
-    _protocol: Protocol | None = attrs.field(default=None, init=False)
+    _protocol: BodyProtocol | None = attrs.field(default=None, init=False)
     _early: list[bytes] = attrs.field(factory=list, init=False)
     _ended: Failure | None = attrs.field(default=None, init=False)
     _stopped: bool = attrs.field(default=False, init=False)
 
-    def deliverBody(self, protocol: Protocol) -> None:
+    def deliverBody(self, protocol: BodyProtocol) -> None:
         """Give the body to ``protocol`` as it arrives; its transport is a push producer
         (pause, resume, and stop, which closes the connection)."""
         self._protocol = protocol
@@ -113,98 +123,26 @@ class _BodyControl:
             response._connection.abort()
 
 
-_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,15})[ \t]*(?:;[^\r\n]*)?\Z")
-MAX_SIZE_LINE = 1024
-MAX_TRAILERS = 64 * 1024
-_SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
-
-
-class _Chunked:
-    """Decodes a chunked body (RFC 9112, 7.1) as it arrives.
-
-    Each call slices the chunks out of the bytes received; nothing is copied into a
-    buffer unless a size line or a chunk's closing CRLF is split across reads. Trailers
-    are read and dropped. Raises :class:`BadAnswer` on framing that is not chunked.
-    """
-
-    def __init__(self, deliver: Any, finished: Any) -> None:
-        self._deliver = deliver
-        self._finished = finished
-        self._state = _SIZE
-        self._left = 0
-        self._rest = b""
-        self._trailers = 0
-
-    def feed(self, data: bytes) -> None:
-        if self._rest:
-            data, self._rest = self._rest + data, b""
-        pos, end = 0, len(data)
-        while pos < end:
-            state = self._state
-            if state == _DATA:
-                take = min(self._left, end - pos)
-                self._left -= take
-                if self._left == 0:
-                    self._state = _CRLF
-                self._deliver(data if take == end else data[pos : pos + take])
-                pos += take
-            elif state in (_SIZE, _TRAILER):
-                eol = data.find(b"\r\n", pos)
-                if eol < 0:
-                    if end - pos > MAX_SIZE_LINE and state == _SIZE:
-                        raise BadAnswer("chunk size line too long")
-                    break
-                if state == _TRAILER:
-                    if eol == pos:
-                        self._state = _DONE
-                        self._finished(data[pos + 2 :])
-                        return
-                    self._trailers += eol + 2 - pos
-                    if self._trailers > MAX_TRAILERS:
-                        raise BadAnswer("trailers too long")
-                else:
-                    match = _SIZE_LINE.match(data, pos, eol) if eol - pos <= MAX_SIZE_LINE else None
-                    if match is None:
-                        raise BadAnswer("bad chunk size")
-                    self._left = int(match.group(1), 16)
-                    self._state = _DATA if self._left else _TRAILER
-                pos = eol + 2
-            elif state == _CRLF:
-                if end - pos < 2:
-                    break
-                if data[pos : pos + 2] != b"\r\n":
-                    raise BadAnswer("chunk not followed by CRLF")
-                self._state = _SIZE
-                pos += 2
-            else:
-                raise BadAnswer("bytes after the last chunk")
-        if pos < end:
-            self._rest = data[pos:]
-            if self._state == _TRAILER and len(self._rest) + self._trailers > MAX_TRAILERS:
-                raise BadAnswer("trailers too long")
-
-
 IDLE, _HEAD, _BODY, _CLOSED = range(4)
+"""A connection's states: ``IDLE`` in the pool (any byte from the host drops it),
+``_HEAD`` waiting for the status line, ``_BODY`` while the answer's body comes in,
+``_CLOSED`` once closing or closed (never reused)."""
 
 
-class Connection(Protocol):
-    """One kept-alive connection to a host; answers one :class:`_Call` at a time."""
+class Connection(BodyProtocol):
+    """One kept-alive connection to a host; answers one request at a time."""
 
-    def __init__(self, pool: Upstreams, host: str) -> None:
-        self.pool = pool
+    def __init__(self, owner: Owner, host: str) -> None:
+        self.owner = owner
         self.host = host
         self.state = IDLE
         self.idle_since = 0.0
         self.reused = False
-        self._call: _Call | None = None
-        self._head_only = False
-        self._buffer = b""
-        self._got_bytes = False
-        # The body: framing, where it goes, and how it ended.
-        self._remaining = -1  # Content-Length bytes still to come; -1 when not so framed
-        self._chunks: _Chunked | None = None
-        self._keep_alive = False
         self.response: Response | None = None
+        self._waiter: Waiter | None = None
+        self._parser = AnswerParser(self._head, self._body, self._end_of_answer)
+        self._got_bytes = False
+        self._keep_alive = False
         self._paused = False
         self._on_closed: list[Deferred[None]] = []
         self._direct: tcp.Connection | None = None
@@ -217,145 +155,66 @@ class Connection(Protocol):
 
     # -- the request --------------------------------------------------------------------------
 
-    def send(self, call: _Call, data: bytes, head_only: bool) -> None:
+    def quiet(self) -> bool:
+        """Whether an idle connection can be reused: nothing came from the host since its
+        last answer, not even the end of the connection, though the reactor may not have
+        read it yet. (Asked of plain TCP sockets only: TLS sends records of its own.)"""
+        if self.state != IDLE:
+            return False
+        if self._direct is None:
+            return True
+        try:
+            self._direct.getHandle().recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True  # nothing to read: quiet
+        except OSError:
+            pass  # reset
+        # Bytes the host sent unasked, or its end of the connection: out of step either way.
+        self.abort()
+        return False
+
+    def send(self, waiter: Waiter, data: bytes, head_only: bool) -> None:
         self.state = _HEAD
-        self._call = call
-        self._head_only = head_only
-        self._buffer = b""
+        self._waiter = waiter
         self._got_bytes = False
+        self._parser.expect(head_only)
         write_now(self._direct, self.transport, data)
 
     def cancel(self) -> None:
         """The caller gave up before the status line: the connection cannot be reused."""
-        self._call = None
+        self._waiter = None
         self.abort()
 
     # -- bytes in -----------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         state = self.state
-        if state == _BODY:
-            self._body_bytes(data)
-        elif state == _HEAD:
+        if state in (_BODY, _HEAD):
             self._got_bytes = True
-            self._buffer += data
-            self._head()
+            try:
+                self._parser.feed(data)
+            except BadAnswer as e:
+                self._bad(e)
         elif state == IDLE:
             self.abort()  # a host must not speak unasked
 
-    def _head(self) -> None:
-        while self.state == _HEAD:
-            buffer = self._buffer
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0 or end > MAX_HEAD:
-                if len(buffer) > MAX_HEAD:
-                    self._fail_head(BadAnswer("status line and headers too long"))
-                return
-            try:
-                response = self._parse(buffer[:end])
-            except BadAnswer as e:
-                self._fail_head(e)
-                return
-            self._buffer = b""
-            rest = buffer[end + 4 :]
-            if response is None:  # 1xx: an interim answer, the real one follows
-                self._buffer = rest
-                continue
-            self.state = _BODY
-            call, self._call = self._call, None
-            if call is not None:
-                call.answered(response)
-            if self._remaining == 0:
-                self._finished(rest)
-            elif rest and self.state == _BODY:
-                self._body_bytes(rest)
+    def _head(self, head: Head) -> None:
+        self.state = _BODY
+        self._keep_alive = head.keep_alive
+        response = Response(head.code, head.phrase, head.headers, head.length, self)
+        self.response = response
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.answered(response)
 
-    def _fail_head(self, problem: BadAnswer) -> None:
-        call, self._call = self._call, None
-        self.abort()
-        if call is not None:
-            call.fail(Failure(ResponseFailed([Failure(problem)])))
-
-    def _parse(self, head: bytes) -> Response | None:
-        lines = head.split(b"\r\n")
-        version, _, status = lines[0].partition(b" ")
-        code_text, _, phrase = status.partition(b" ")
-        if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code_text) != 3:
-            raise BadAnswer("bad status line")
-        if not code_text.isdigit():
-            raise BadAnswer("bad status line")
-        code = int(code_text)
-        if 100 <= code < 200:
-            if code == 101:
-                raise BadAnswer("protocol switch")
-            return None
-        headers = []
-        length: int | None = None
-        chunked = False
-        connection = b""
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.match(name):
-                raise BadAnswer("bad header line")
-            value = value.strip(b" \t")
-            headers.append((name, value))
-            lower = name.lower()
-            if lower == b"content-length":
-                if not value.isdigit() or (length is not None and int(value) != length):
-                    raise BadAnswer("bad Content-Length")
-                length = int(value)
-            elif lower == b"transfer-encoding":
-                chunked = value.rpartition(b",")[2].strip().lower() == b"chunked"
-                if not chunked:
-                    raise BadAnswer("unsupported Transfer-Encoding")
-            elif lower == b"connection":
-                connection = value.lower()
-        if version == b"HTTP/1.1":
-            self._keep_alive = b"close" not in connection
-        else:
-            self._keep_alive = b"keep-alive" in connection
-        self._chunks = None
-        self._remaining = -1
-        if self._head_only or code in _NO_BODY_CODES:
-            self._remaining = 0
-        elif chunked:
-            length = None
-            self._chunks = _Chunked(self._deliver, self._finished)
-        elif length is not None:
-            self._remaining = length
-        else:
-            self._keep_alive = False  # the body ends when the connection does
-        self.response = Response(code, phrase, headers, length, self)
-        return self.response
-
-    def _body_bytes(self, data: bytes) -> None:
-        if self._chunks is not None:
-            try:
-                self._chunks.feed(data)
-            except BadAnswer as e:
-                self._end(Failure(ResponseFailed([Failure(e)])))
-                self.abort()
-        elif self._remaining < 0:
-            self._deliver(data)
-        elif len(data) < self._remaining:
-            self._remaining -= len(data)
-            self._deliver(data)
-        else:
-            rest = data[self._remaining :]
-            self._deliver(data[: self._remaining])
-            self._remaining = 0
-            self._finished(rest)
-
-    def _deliver(self, data: bytes) -> None:
+    def _body(self, data: bytes) -> None:
         if self.state == _BODY and self.response is not None:
             self.response._data(data)
 
-    def _finished(self, extra: bytes) -> None:
-        """The whole body is in: back to the pool, unless the host said otherwise."""
+    def _end_of_answer(self, extra: bytes) -> None:
+        """The whole answer is in: back to the pool, unless the host said otherwise."""
         if self.state != _BODY:
             return
-        self._chunks = None
-        self._remaining = -1
         if extra:
             self.abort()  # bytes after the answer: the connection is out of step
         elif not self._keep_alive:
@@ -365,8 +224,19 @@ class Connection(Protocol):
             self.state = IDLE
             if self._paused:
                 self.resume()
-            self.pool.release(self)
+            self.owner.release(self)
         self._end(Failure(ResponseDone()))
+
+    def _bad(self, problem: BadAnswer) -> None:
+        """An answer crossbar cannot frame: before its head, the request fails; in its
+        body, the body is cut off. The connection is dropped either way."""
+        waiter, self._waiter = self._waiter, None
+        in_body = self.state == _BODY
+        self.abort()
+        if waiter is not None:
+            waiter.fail(Failure(ResponseFailed([Failure(problem)])))
+        elif in_body:
+            self._end(Failure(ResponseFailed([Failure(problem)])))
 
     def _end(self, reason: Failure) -> None:
         if self.response is not None:
@@ -406,11 +276,11 @@ class Connection(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         state = self.state
         self.state = _CLOSED
-        self.pool.forget(self)
-        call, self._call = self._call, None
-        if call is not None:
-            call.lost(self, reason, self._got_bytes)
-        elif state == _BODY and self._chunks is None and self._remaining < 0:
+        self.owner.forget(self)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.lost(self, reason, self._got_bytes)
+        elif state == _BODY and self._parser.closed():
             # No length was given: the end of the connection is the end of the body.
             self._end(Failure(PotentialDataLoss()))
         else:
@@ -422,9 +292,9 @@ class Connection(Protocol):
 class ConnectionFactory(ClientFactory):
     noisy = False
 
-    def __init__(self, pool: Upstreams, host: str) -> None:
-        self._pool = pool
+    def __init__(self, owner: Owner, host: str) -> None:
+        self._owner = owner
         self._host = host
 
     def buildProtocol(self, addr: Any) -> Connection:
-        return Connection(self._pool, self._host)
+        return Connection(self._owner, self._host)

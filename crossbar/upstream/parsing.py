@@ -303,9 +303,9 @@ class AnswerParser:
             version == "1.1" or b"keep-alive" in connection
         )
         if self._head_only or code == 204 or code == 304:
+            # No body, whatever the headers announce; llhttp is given nothing past the
+            # head, so the next answer on the connection is read from its first byte.
             framing = _DONE
-            # After a HEAD answer llhttp would wait for the body the headers announce.
-            keep_alive = keep_alive and not self._head_only
         elif chunked:
             framing = _CHUNKED
         elif length is not None:

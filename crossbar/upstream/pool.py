@@ -162,7 +162,7 @@ class Upstreams:
                 idle.append(connection)
                 self._expire(host, len(idle))
                 return None
-            if connection.state == IDLE:  # not closing already
+            if connection.quiet():  # not closing, and nothing came since its last answer
                 connection.reused = True
                 return connection
         return None
