@@ -24,6 +24,7 @@ from crossbar.fleet.poller import Poller
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
+from crossbar.server.exchange import ProxyContext
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import ProxyResource, RootResource
 from crossbar.server.site import Site
@@ -78,7 +79,7 @@ class Crossbar(MultiService):
         upstreams = Upstreams(reactor, config.urls, connect_timeouts, max_idle=MAX_IDLE_PER_HOST)
         self.metrics = Metrics(self.table, self.traffic)
         self.proxy = ProxyResource(
-            config, self.table, self.traffic, upstreams, reactor, observer=self.metrics
+            ProxyContext(config, self.table, self.traffic, upstreams, reactor, self.metrics)
         )
         self.status = StatusApp(
             config,

@@ -218,7 +218,7 @@ async def test_no_healthy_host_is_503_and_marks_nothing(rig: Rig) -> None:
 async def test_unreachable_host_is_marked_down_and_answers_502(rig: Rig) -> None:
     for upstream in rig.upstreams.values():
         await upstream.port.stopListening()
-    await rig.crossbar.proxy.upstreams.drop_idle()
+    await rig.crossbar.proxy.context.upstreams.drop_idle()
     response, body = await call(rig, "POST", "/lab/v1/chat/completions", json={"model": "m1"})
     assert response.code == 502
     # failover tried gpu-a (has m1), then gpu-b; the answer names the last host tried

@@ -8,12 +8,14 @@ instead of a traceback.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import attrs
 import yaml
 
+from crossbar.config import model as model_
 from crossbar.config.fields import (
     SETTING_PARSERS,
     parse_listen,
@@ -21,17 +23,7 @@ from crossbar.config.fields import (
     parse_workers,
     tcp_address,
 )
-from crossbar.config.model import (
-    POLICIES,
-    SETTING_KEYS,
-    WHEN_ALL_DOWN,
-    Config,
-    HostConfig,
-    HostSettings,
-    Policy,
-    RouteConfig,
-    WhenAllDown,
-)
+from crossbar.config.model import SETTING_KEYS, Config, HostConfig, HostSettings, RouteConfig
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
@@ -103,53 +95,14 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         if required not in top:
             raise r.fail(required, "is missing")
     defaults = _settings(r, top, "", HostSettings())
-
-    hosts: dict[str, HostConfig] = {}
-    host_map = r.mapping(top["hosts"], "hosts", None)
-    if not host_map:
-        raise r.fail("hosts", "must name at least one host")
-    for name, spec in host_map.items():
-        key = f"hosts.{name}"
-        r.name(name, key)
-        if isinstance(spec, dict):
-            entry = r.mapping(spec, key, {"url"} | SETTING_KEYS)
-            if "url" not in entry:
-                raise r.fail(f"{key}.url", "is missing")
-            url = r.convert(f"{key}.url", parse_url, entry["url"])
-            own = _settings(r, entry, key, defaults)
-            hosts[name] = HostConfig(name, url, own if own != defaults else None)
-        else:
-            hosts[name] = HostConfig(name=name, url=r.convert(key, parse_url, spec))
-
-    routes: dict[str, RouteConfig] = {}
-    route_map = r.mapping(top["routes"], "routes", None)
-    if not route_map:
-        raise r.fail("routes", "must name at least one route")
-    for name, spec in route_map.items():
-        key = f"routes.{name}"
-        r.name(name, key)
-        if name in _RESERVED_ROUTES:
-            raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
-        body = r.mapping(spec, key, {"hosts", "default_model", "policy", "when_all_down"})
-        members = body.get("hosts")
-        if not isinstance(members, list) or not members:
-            raise r.fail(f"{key}.hosts", "must be a non-empty list of host names")
-        for i, member in enumerate(members):
-            if not isinstance(member, str) or member not in hosts:
-                raise r.fail(f"{key}.hosts", f"item {i}: unknown host {member!r}")
-        if len(set(members)) != len(members):
-            raise r.fail(f"{key}.hosts", "names a host twice")
-        model = body.get("default_model")
-        if model is not None and (not isinstance(model, str) or not model.strip()):
-            raise r.fail(f"{key}.default_model", "must be a non-empty model name")
-        policy = r.one_of(f"{key}.policy", body.get("policy", "priority"), POLICIES)
-        all_down = r.one_of(
-            f"{key}.when_all_down", body.get("when_all_down", "fail"), WHEN_ALL_DOWN
-        )
-        routes[name] = RouteConfig(
-            name, tuple(members), model, cast(Policy, policy), cast(WhenAllDown, all_down)
-        )
-
+    hosts = {
+        name: _host(r, name, key, spec, defaults)
+        for name, key, spec in _entries(r, top, "hosts", "host")
+    }
+    routes = {
+        name: _route(r, name, key, spec, hosts)
+        for name, key, spec in _entries(r, top, "routes", "route")
+    }
     listen = r.convert("listen", parse_listen, top.get("listen", 7777))
     workers = r.convert("workers", parse_workers, top.get("workers", 1))
     if workers > 1:
@@ -161,6 +114,55 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         routes=routes,
         defaults=defaults,
         source=source,
+    )
+
+
+def _entries(
+    r: _Reader, top: dict[str, Any], section: str, what: str
+) -> Iterator[tuple[str, str, object]]:
+    """``(name, dotted key, value)`` of each entry of a named section, names checked."""
+    entries = r.mapping(top[section], section, None)
+    if not entries:
+        raise r.fail(section, f"must name at least one {what}")
+    for name, spec in entries.items():
+        key = f"{section}.{name}"
+        yield r.name(name, key), key, spec
+
+
+def _host(r: _Reader, name: str, key: str, spec: object, defaults: HostSettings) -> HostConfig:
+    if not isinstance(spec, dict):
+        return HostConfig(name=name, url=r.convert(key, parse_url, spec))
+    entry = r.mapping(spec, key, {"url"} | SETTING_KEYS)
+    if "url" not in entry:
+        raise r.fail(f"{key}.url", "is missing")
+    url = r.convert(f"{key}.url", parse_url, entry["url"])
+    own = _settings(r, entry, key, defaults)
+    return HostConfig(name, url, own if own != defaults else None)
+
+
+def _route(
+    r: _Reader, name: str, key: str, spec: object, hosts: dict[str, HostConfig]
+) -> RouteConfig:
+    if name in _RESERVED_ROUTES:
+        raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
+    body = r.mapping(spec, key, {"hosts", "default_model", "policy", "when_all_down"})
+    members = body.get("hosts")
+    if not isinstance(members, list) or not members:
+        raise r.fail(f"{key}.hosts", "must be a non-empty list of host names")
+    for i, member in enumerate(members):
+        if not isinstance(member, str) or member not in hosts:
+            raise r.fail(f"{key}.hosts", f"item {i}: unknown host {member!r}")
+    if len(set(members)) != len(members):
+        raise r.fail(f"{key}.hosts", "names a host twice")
+    model = body.get("default_model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise r.fail(f"{key}.default_model", "must be a non-empty model name")
+    policy = r.one_of(f"{key}.policy", body.get("policy", "priority"), model_.POLICIES)
+    all_down = r.one_of(
+        f"{key}.when_all_down", body.get("when_all_down", "fail"), model_.WHEN_ALL_DOWN
+    )
+    return RouteConfig(
+        name, tuple(members), model, cast(model_.Policy, policy), cast(model_.WhenAllDown, all_down)
     )
 
 

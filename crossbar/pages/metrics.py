@@ -92,33 +92,30 @@ class Metrics:
     """The proxy's observer and the source of ``/_crossbar/metrics``."""
 
     def __init__(self, table: HealthTable, traffic: Traffic) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        by_host = ["route", "host"]
         self.requests = Counter(
             "crossbar_requests",
             "Requests answered, by route, host and HTTP status (499: the client left first).",
-            ["route", "host", "code"],
-            registry=self.registry,
+            [*by_host, "code"],
+            registry=registry,
         )
         self.duration = Histogram(
             "crossbar_request_duration_seconds",
             "Time from a request's arrival to the end of its answer.",
-            ["route", "host"],
+            by_host,
             buckets=DURATION_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self.first_byte = Histogram(
             "crossbar_time_to_first_byte_seconds",
             "Time from a request's arrival until the host's answer began.",
-            ["route", "host"],
+            by_host,
+            registry=registry,
             buckets=FIRST_BYTE_BUCKETS,
-            registry=self.registry,
         )
-        self.sent = Counter(
-            "crossbar_response_bytes",
-            "Bytes of upstream answers streamed to clients.",
-            ["route", "host"],
-            registry=self.registry,
-        )
+        sent = "Bytes of upstream answers streamed to clients."
+        self.sent = Counter("crossbar_response_bytes", sent, by_host, registry=registry)
         self.registry.register(_FleetCollector(table, traffic))
         self._children: dict[tuple[str, str], _Children] = {}
         self._codes: dict[tuple[str, str, int], Counter] = {}

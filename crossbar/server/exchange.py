@@ -11,8 +11,9 @@ as the client leaves so the GPU stops generating.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
+import attrs
 from twisted.internet import error
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -37,13 +38,15 @@ from crossbar.server.rewrite import (
     with_model,
 )
 from crossbar.server.streaming import StreamBody
+from crossbar.server.timers import stop
 from crossbar.upstream import Discard, Response, Upstreams, describe, is_cancellation
 
 log = Logger()
 
 
-class ProxyContext(Protocol):
-    """What an exchange uses of the proxy that made it (:class:`ProxyResource`)."""
+@attrs.frozen
+class ProxyContext:
+    """Everything an exchange works with, built once by the composition root."""
 
     config: Config
     table: HealthTable
@@ -51,7 +54,10 @@ class ProxyContext(Protocol):
     upstreams: Upstreams
     clock: IReactorTime
     observer: ProxyObserver
-    settings: Mapping[str, HostSettings]
+
+    @property
+    def settings(self) -> Mapping[str, HostSettings]:
+        return self.table.settings
 
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -218,10 +224,8 @@ class Exchange:
             request.registerProducer(body, True)
 
     def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            if self._deadline.active():
-                self._deadline.cancel()
-            self._deadline = None
+        stop(self._deadline)
+        self._deadline = None
 
     def _no_answer(self) -> None:
         """No status line within ``header_timeout``. The host may still be working on

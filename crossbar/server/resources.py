@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.interfaces import IReactorTime
 from twisted.web import server
 from twisted.web.resource import IResource, Resource
 
-from crossbar.config import Config
-from crossbar.fleet import HealthTable, ProxyObserver, Traffic
-from crossbar.server.exchange import Exchange
-from crossbar.upstream import Upstreams
+from crossbar.server.exchange import Exchange, ProxyContext
 
 
 class RootResource(Resource):
@@ -31,26 +27,12 @@ class ProxyResource(Resource):
 
     isLeaf = True
 
-    def __init__(
-        self,
-        config: Config,
-        table: HealthTable,
-        traffic: Traffic,
-        upstreams: Upstreams,
-        clock: IReactorTime,
-        observer: ProxyObserver,
-    ) -> None:
+    def __init__(self, context: ProxyContext) -> None:
         super().__init__()
-        self.config = config
-        self.table = table
-        self.traffic = traffic
-        self.upstreams = upstreams
-        self.clock = clock
-        self.observer = observer
-        self.settings = table.settings
+        self.context = context
 
     def render(self, request: server.Request) -> int:
         if getattr(request, "rejected", False):
             return server.NOT_DONE_YET
-        Exchange(self, request).start()
+        Exchange(self.context, request).start()
         return server.NOT_DONE_YET

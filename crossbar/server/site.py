@@ -15,6 +15,7 @@ from twisted.web import http, server
 
 from crossbar._twisted import client_gone, direct, handling_request, request_line, write_now
 from crossbar.server.rewrite import json_body
+from crossbar.server.timers import stop
 
 MAX_BODY = 16 * 1024 * 1024
 HEADER_DEADLINE = 30.0
@@ -90,8 +91,7 @@ class ProxyRequest(server.Request):
         )
 
     def connectionLost(self, reason: Failure) -> None:
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
+        stop(self._linger)
         super().connectionLost(reason)
 
 
@@ -143,10 +143,8 @@ class Channel(http.HTTPChannel):
         super().connectionLost(reason)
 
     def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            if self._deadline.active():
-                self._deadline.cancel()
-            self._deadline = None
+        stop(self._deadline)
+        self._deadline = None
 
     def _too_slow(self) -> None:
         self._deadline = None

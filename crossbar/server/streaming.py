@@ -12,6 +12,7 @@ from twisted.web import server
 from twisted.web.client import ResponseDone
 from zope.interface import implementer
 
+from crossbar.server.timers import stop
 from crossbar.upstream import stop_producing
 
 
@@ -70,7 +71,5 @@ class StreamBody(protocol.Protocol):
             self._timer = self._clock.callLater(self._idle_timeout, self._on_idle)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
+        stop(self._timer)
+        self._timer = None
