@@ -9,7 +9,10 @@ from urllib.parse import urlsplit
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=[^:]*)*)")
+_TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=(?:\\.|[^:\\])*)*)")
+r"""A plain TCP endpoint; option values may hold colons escaped as Twisted writes them
+(``interface=\:\:1``)."""
+_UNESCAPED_COLON = re.compile(r"(?<!\\):")
 LISTEN_BACKLOG = 1024
 """Pending connections a TCP port accepts: Twisted's default of 50 makes a burst of
 agents connecting at once wait a second for the kernel to retry."""
@@ -100,7 +103,8 @@ def tcp_address(listen: str) -> tuple[str, int, int]:
     match = _TCP.fullmatch(listen)
     if match is None:
         raise ValueError(f"workers need a TCP listen address, not {listen!r}")
-    options = dict(part.split("=", 1) for part in match.group(2).split(":") if part)
+    parts = _UNESCAPED_COLON.split(match.group(2))
+    options = dict(part.replace("\\:", ":").split("=", 1) for part in parts if part)
     unknown = set(options) - {"interface", "backlog"}
     if unknown:
         raise ValueError(f"workers cannot use {', '.join(sorted(unknown))} in {listen!r}")

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
 from crossbar.pages.metrics import merge_workers
+from crossbar.upstream import describe
 
 log = Logger()
 
@@ -55,7 +57,20 @@ async def gather_metrics(worker: WorkerInfo, own: bytes, client: Any) -> bytes:
         url = f"http://127.0.0.1:{port}/_crossbar/metrics?local=1"
         try:
             response = await client.get(url, timeout=2.0)
-            texts[str(index)] = await response.content()
+            if response.code != 200:
+                raise ValueError(f"HTTP {response.code}")
+            text = await response.content()
+            texts[str(index)] = _checked(text)
         except Exception as e:
-            log.warn("metrics of worker {index} unavailable: {e}", index=index, e=e)
+            log.warn("metrics of worker {index} unavailable: {e}", index=index, e=describe(e))
     return merge_workers(texts)
+
+
+def _checked(text: bytes) -> bytes:
+    """A peer's exposition, refused here (in words, never its bytes) rather than
+    breaking the merged page later."""
+    try:
+        list(text_string_to_metric_families(text.decode("utf-8")))
+    except ValueError:
+        raise ValueError("answer is not Prometheus text") from None
+    return text

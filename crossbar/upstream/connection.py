@@ -9,7 +9,7 @@ as it would an ``Agent``'s.
 
 from __future__ import annotations
 
-import socket
+import select
 from typing import Any, Protocol
 
 import attrs
@@ -146,9 +146,14 @@ class Connection(BodyProtocol):
         self._paused = False
         self._on_closed: list[Deferred[None]] = []
         self._direct: tcp.Connection | None = None
+        self._readable: select.poll | None = None
 
     def connectionMade(self) -> None:
         self._direct = direct(self.transport)
+        if self._direct is not None:
+            # One poll(2) with no wait tells whether anything is waiting to be read.
+            self._readable = select.poll()
+            self._readable.register(self._direct.fileno(), select.POLLIN)
         if ITCPTransport.providedBy(self.transport):
             # A request goes out in one write; never hold it back for an ACK (Nagle).
             self.transport.setTcpNoDelay(True)
@@ -161,14 +166,8 @@ class Connection(BodyProtocol):
         read it yet. (Asked of plain TCP sockets only: TLS sends records of its own.)"""
         if self.state != IDLE:
             return False
-        if self._direct is None:
+        if self._readable is None or not self._readable.poll(0):
             return True
-        try:
-            self._direct.getHandle().recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return True  # nothing to read: quiet
-        except OSError:
-            pass  # reset
         # Bytes the host sent unasked, or its end of the connection: out of step either way.
         self.abort()
         return False

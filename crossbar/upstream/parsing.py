@@ -31,6 +31,10 @@ MAX_TRAILERS = 64 * 1024
 """Largest trailer section accepted after a chunked body."""
 
 _END = b"\r\n\r\n"
+_OWS = b" \t"
+_FRAMING_INITIALS = frozenset(b"ct")
+"""First letters (lower-cased) of the header names framing depends on: the others are
+kept as they came, without a closer look."""
 _LLHTTP_ERRORS = (HttpParserError, HttpParserUpgrade)
 
 # Where the parser is: which bytes the next ``feed`` holds.
@@ -101,6 +105,11 @@ class AnswerParser:
         self._prefix = b""  # first bytes of the answer, which must be b"HTTP/"
         self._phrase: list[bytes] = []
         self._headers: list[tuple[bytes, bytes]] = []
+        # Read from the headers as they come (the ones framing depends on):
+        self._length: int | None = None
+        self._codings: list[bytes] = []
+        self._last_coding = b""
+        self._connection: set[bytes] = set()
         self._interim = False
         self._ready: Head | None = None
         self._framing = _DONE
@@ -129,6 +138,10 @@ class AnswerParser:
         self._prefix = b""
         self._phrase = []
         self._headers = []
+        self._length = None
+        self._codings = []
+        self._last_coding = b""
+        self._connection = set()
         self._interim = False
         self._ready = None
 
@@ -239,12 +252,28 @@ class AnswerParser:
         self._phrase.append(data)  # llhttp gives the phrase in as many pieces as it came
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._state == _HEAD:
-            self._headers.append((name, value))
+        if self._state != _HEAD:
+            self._trailers += len(name) + len(value) + 3  # counting ": " and CRLF
+            if self._trailers > MAX_TRAILERS:
+                raise BadAnswer("trailers too long")
             return
-        self._trailers += len(name) + len(value) + 3  # counting ": " and CRLF
-        if self._trailers > MAX_TRAILERS:
-            raise BadAnswer("trailers too long")
+        raw = value
+        if value and value[-1] in _OWS:
+            value = value.rstrip(b" \t")  # llhttp strips the leading spaces and tabs only
+        self._headers.append((name, value))
+        if name[0] | 0x20 not in _FRAMING_INITIALS:  # not Content-*, Transfer-*, Connection
+            return
+        lower = name.lower()
+        if lower == b"content-length":
+            length = self._length
+            if not value.isdigit() or (length is not None and int(value) != length):
+                raise BadAnswer("bad Content-Length")
+            self._length = int(value)
+        elif lower == b"transfer-encoding":
+            self._codings += (c.strip(b" \t").lower() for c in value.split(b","))
+            self._last_coding = raw.rstrip(b" ").lower()
+        elif lower == b"connection":
+            self._connection.update(t.strip(b" \t").lower() for t in value.split(b","))
 
     def on_headers_complete(self) -> None:
         llhttp = self._llhttp
@@ -254,32 +283,16 @@ class AnswerParser:
         version = llhttp.get_http_version()
         if version != "1.1" and version != "1.0":
             raise BadAnswer("not HTTP/1.1 or HTTP/1.0")
-        phrase = b"".join(self._phrase)
-        headers = []
-        length: int | None = None
-        codings: list[bytes] = []
-        last_coding = b""
-        connection: set[bytes] = set()
-        for name, raw in self._headers:
-            if b"\r" in raw or b"\n" in raw:  # llhttp refuses them already
-                raise BadAnswer("line break in a header value")
-            value = raw.rstrip(b" \t")  # llhttp strips the leading spaces and tabs
-            headers.append((name, value))
-            lower = name.lower()
-            if lower == b"content-length":
-                if not value.isdigit() or (length is not None and int(value) != length):
-                    raise BadAnswer("bad Content-Length")
-                length = int(value)
-            elif lower == b"transfer-encoding":
-                codings += (c.strip(b" \t").lower() for c in value.split(b","))
-                last_coding = raw.rstrip(b" ").lower()
-            elif lower == b"connection":
-                connection.update(t.strip(b" \t").lower() for t in value.split(b","))
+        phrase = self._phrase[0] if len(self._phrase) == 1 else b"".join(self._phrase)
+        length = self._length
+        codings = self._codings
+        connection = self._connection
         if b"\r" in phrase or b"\n" in phrase:
             raise BadAnswer("line break in the reason phrase")
         chunked = bool(codings)
         if chunked:
             codings = [c for c in codings if c]
+            last_coding = self._last_coding
             # llhttp only decodes chunks when the last header ends with "chunked" and spaces
             # (no tab, no comma); else it takes the body as raw bytes until the close.
             if (
@@ -315,7 +328,7 @@ class AnswerParser:
             framing = _UNTIL_CLOSE
             keep_alive = False
         self._framing = framing
-        self._ready = Head(code, phrase, headers, length, keep_alive)
+        self._ready = Head(code, phrase, self._headers, length, keep_alive)
 
     def on_message_complete(self) -> None:
         # Only a chunked body's end counts: llhttp also ends interim and bodiless answers.

@@ -1,4 +1,5 @@
-"""Upstream endpoints: IP addresses are connected to directly, with each host's timeout."""
+"""crossbar.upstream.endpoints: an IP address is connected to directly (no name lookup in a
+thread), each host with its own connect timeout; the poller's pool and Agent."""
 
 from __future__ import annotations
 

@@ -1,0 +1,190 @@
+"""crossbar.fleet.choice: which host serves a request, and which routes have none.
+Pure rules over hand-made host states."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossbar.config import Policy, RouteConfig, WhenAllDown
+from crossbar.fleet.choice import choose, choose_for_route, routes_down
+from crossbar.fleet.state import HostState
+
+
+def state(
+    name: str, healthy: bool = True, loaded: tuple[str, ...] = (), known: tuple[str, ...] = ()
+) -> HostState:
+    return HostState(
+        name=name, url=f"http://{name}", healthy=healthy, loaded=loaded, known=known + loaded
+    )
+
+
+def route(
+    *hosts: str, policy: Policy = "priority", when_all_down: WhenAllDown = "fail"
+) -> RouteConfig:
+    return RouteConfig(
+        name="r", hosts=hosts, default_model=None, policy=policy, when_all_down=when_all_down
+    )
+
+
+def test_choice_prefers_loaded_then_known_then_healthy() -> None:
+    states = {
+        "a": state("a", known=("m1", "m2")),
+        "b": state("b", loaded=("m2",)),
+        "c": state("c", healthy=False, loaded=("m1", "m3")),
+        "d": state("d", known=("m4",)),
+    }
+    order = ["a", "b", "c", "d"]
+    assert choose(order, "m2", states) == "b"  # loaded wins over earlier host that only knows it
+    assert choose(order, "m1", states) == "a"  # c has it loaded but is down; a knows it
+    assert choose(order, "m4", states) == "d"  # only d knows it
+    assert choose(order, "m9", states) == "a"  # nobody knows it: first healthy
+    assert choose(order, None, states) == "a"
+    assert choose(["c"], "m1", states) is None
+    assert choose(["b", "a"], "m1", states) == "a"
+    assert choose(["b", "a"], "m9", states) == "b"  # order of the route decides
+
+
+def test_host_without_a_state_is_never_chosen() -> None:
+    states = {"b": state("b")}
+    assert choose(["ghost", "b"], None, states) == "b"
+    assert choose(["ghost"], None, states) is None
+
+
+# -- policies ---------------------------------------------------------------------------------
+
+
+def test_priority_takes_the_first_of_the_best_group_whatever_the_turn() -> None:
+    states = {"a": state("a"), "b": state("b", loaded=("m",)), "c": state("c", loaded=("m",))}
+    for turn in range(4):
+        assert choose(["a", "b", "c"], "m", states, policy="priority", turn=turn) == "b"
+    assert choose(["c", "b", "a"], None, states, policy="priority", turn=1) == "c"
+
+
+def test_round_robin_takes_the_turn_th_healthy_host() -> None:
+    states = {"a": state("a"), "b": state("b", healthy=False), "c": state("c"), "d": state("d")}
+    picks = [
+        choose(["a", "b", "c", "d"], None, states, policy="round_robin", turn=t) for t in range(7)
+    ]
+    assert picks == ["a", "c", "d", "a", "c", "d", "a"]
+
+
+def test_round_robin_turns_within_the_group_that_has_the_model_loaded() -> None:
+    states = {
+        "a": state("a", known=("m",)),
+        "b": state("b", loaded=("m",)),
+        "c": state("c"),
+        "d": state("d", loaded=("m",)),
+    }
+    picks = [
+        choose(["a", "b", "c", "d"], "m", states, policy="round_robin", turn=t) for t in range(4)
+    ]
+    assert picks == ["b", "d", "b", "d"]
+
+
+def test_least_busy_takes_the_host_with_fewest_in_flight() -> None:
+    states = {"a": state("a"), "b": state("b"), "c": state("c")}
+    in_flight = {"a": 3, "b": 1, "c": 2}
+    assert choose(["a", "b", "c"], None, states, policy="least_busy", in_flight=in_flight) == "b"
+
+
+def test_least_busy_ties_go_to_route_order() -> None:
+    states = {"a": state("a"), "b": state("b"), "c": state("c")}
+    in_flight = {"a": 2, "b": 1, "c": 1}
+    assert choose(["a", "b", "c"], None, states, policy="least_busy", in_flight=in_flight) == "b"
+    assert choose(["a", "c", "b"], None, states, policy="least_busy", in_flight=in_flight) == "c"
+    # A host missing from the counters carries nothing.
+    with_x = {**states, "x": state("x")}
+    assert choose(["a", "b", "x"], None, with_x, policy="least_busy", in_flight=in_flight) == "x"
+
+
+def test_least_busy_stays_within_the_best_group_and_skips_down_hosts() -> None:
+    states = {
+        "a": state("a", loaded=("m",)),
+        "b": state("b"),
+        "c": state("c", healthy=False, loaded=("m",)),
+    }
+    in_flight = {"a": 5, "b": 0, "c": 0}
+    assert choose(["a", "b", "c"], "m", states, policy="least_busy", in_flight=in_flight) == "a"
+    assert choose(["a", "b", "c"], None, states, policy="least_busy", in_flight=in_flight) == "b"
+
+
+def test_least_busy_without_counters_is_priority() -> None:
+    states = {"a": state("a"), "b": state("b")}
+    assert choose(["b", "a"], None, states, policy="least_busy") == "b"
+
+
+# -- exclude ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["priority", "round_robin", "least_busy"])
+def test_excluded_hosts_are_never_chosen(policy: Policy) -> None:
+    states = {"a": state("a", loaded=("m",)), "b": state("b"), "c": state("c")}
+    in_flight = {"a": 0, "b": 4, "c": 9}
+    picks = {
+        choose(
+            ["a", "b", "c"],
+            "m",
+            states,
+            policy=policy,
+            in_flight=in_flight,
+            turn=t,
+            exclude={"a", "c"},
+        )
+        for t in range(3)
+    }
+    assert picks == {"b"}
+    assert choose(["a", "b", "c"], "m", states, policy=policy, exclude=("a", "b", "c")) is None
+
+
+# -- choose_for_route -------------------------------------------------------------------------
+
+
+def test_choose_for_route_uses_the_route_policy() -> None:
+    states = {"a": state("a"), "b": state("b"), "c": state("c")}
+    in_flight = {"a": 2, "b": 0, "c": 1}
+    assert choose_for_route(route("a", "b", "c"), None, states, in_flight, turn=2) == "a"
+    assert (
+        choose_for_route(route("a", "b", "c", policy="round_robin"), None, states, in_flight, 2)
+        == "c"
+    )
+    assert (
+        choose_for_route(route("a", "b", "c", policy="least_busy"), None, states, in_flight, 2)
+        == "b"
+    )
+
+
+def test_all_down_fails_by_default() -> None:
+    states = {"a": state("a", healthy=False), "b": state("b", healthy=False)}
+    assert choose_for_route(route("a", "b"), None, states, {}, 0) is None
+
+
+def test_all_down_with_try_all_gives_the_next_untried_host() -> None:
+    states = {"a": state("a", healthy=False), "b": state("b", healthy=False)}
+    config = route("a", "b", "c", when_all_down="try_all")  # c has no state yet
+    assert choose_for_route(config, "m", states, {}, 0) == "a"
+    assert choose_for_route(config, "m", states, {}, 0, exclude={"a"}) == "b"
+    assert choose_for_route(config, "m", states, {}, 0, exclude={"a", "b"}) == "c"
+    assert choose_for_route(config, "m", states, {}, 0, exclude={"a", "b", "c"}) is None
+
+
+def test_try_all_still_prefers_a_healthy_host() -> None:
+    states = {"a": state("a", healthy=False), "b": state("b")}
+    config = route("a", "b", when_all_down="try_all")
+    assert choose_for_route(config, None, states, {}, 0) == "b"
+    # b was tried and failed: with no healthy host left, a is tried although it is down.
+    assert choose_for_route(config, None, states, {}, 0, exclude={"b"}) == "a"
+
+
+# -- routes_down ------------------------------------------------------------------------------
+
+
+def test_routes_down_lists_routes_without_a_healthy_host_in_config_order() -> None:
+    states = {"a": state("a", healthy=False), "b": state("b"), "c": state("c", healthy=False)}
+    routes = {
+        "zeta": route("c"),
+        "mixed": route("a", "b"),
+        "ghost": route("nobody"),
+        "alpha": route("a", "c", when_all_down="try_all"),
+    }
+    assert routes_down(routes, states) == ["zeta", "ghost", "alpha"]
+    assert routes_down({"mixed": routes["mixed"]}, states) == []

@@ -1,0 +1,96 @@
+"""crossbar.fleet.listing: the models a host's ``GET /v1/models`` answer says it has loaded
+and knows. Pure parsing, called directly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from crossbar.fleet.listing import parse_models
+
+
+def body(doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def test_router_listing_loads_only_the_loaded_ones_and_knows_them_all() -> None:
+    listing = {
+        "object": "list",
+        "data": [
+            {"id": "tiny-b", "object": "model", "status": {"value": "loaded", "args": []}},
+            {"id": "tiny-a", "object": "model", "status": {"value": "loaded", "args": []}},
+            {"id": "tiny-c", "object": "model", "status": {"value": "loading", "args": []}},
+            {"id": "tiny-d", "object": "model", "status": {"value": "unloaded", "failed": True}},
+        ],
+    }
+    assert parse_models(body(listing)) == (
+        ["tiny-b", "tiny-a"],
+        ["tiny-b", "tiny-a", "tiny-c", "tiny-d"],
+    )
+
+
+def test_single_model_server_entry_without_status_is_resident() -> None:
+    listing = {"object": "list", "data": [{"id": "models/tiny-a.gguf", "object": "model"}]}
+    assert parse_models(body(listing)) == (["models/tiny-a.gguf"], ["models/tiny-a.gguf"])
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["loaded", {"value": "Loaded"}, {"args": []}, {"value": None}, []],
+)
+def test_a_status_that_does_not_say_loaded_is_not_resident(status: object) -> None:
+    listing = {"data": [{"id": "m", "status": status}]}
+    assert parse_models(body(listing)) == ([], ["m"])
+
+
+def test_an_empty_list_is_a_good_answer() -> None:
+    assert parse_models(b'{"object": "list", "data": []}') == ([], [])
+
+
+def test_entries_without_a_usable_id_are_skipped() -> None:
+    listing = {
+        "data": [
+            {"object": "model", "status": {"value": "loaded"}},
+            {"id": "", "status": {"value": "loaded"}},
+            {"id": None},
+            {"id": 7},
+            {"id": "kept", "status": {"value": "loaded"}},
+        ]
+    }
+    assert parse_models(body(listing)) == (["kept"], ["kept"])
+
+
+def test_repeated_ids_are_listed_as_given() -> None:
+    """Sorting and removing repeats is the health table's job."""
+    listing = {"data": [{"id": "b"}, {"id": "a"}, {"id": "b", "status": {"value": "unloaded"}}]}
+    assert parse_models(body(listing)) == (["b", "a"], ["b", "a", "b"])
+
+
+@pytest.mark.parametrize("entry", [1, "tiny-a", None, ["tiny-a"]])
+def test_an_entry_that_is_not_an_object_is_a_bad_answer(entry: object) -> None:
+    with pytest.raises(ValueError, match=r"^a data entry is not an object$"):
+        parse_models(body({"data": [{"id": "ok"}, entry]}))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"models": []},
+        {"data": {"id": "m"}},
+        {"data": "m"},
+        {"data": None},
+        [{"id": "m"}],
+        "data",
+    ],
+)
+def test_data_that_is_not_a_list_is_a_bad_answer(doc: object) -> None:
+    with pytest.raises(ValueError, match=r'^expected \{"data": \[\.\.\.\]\}$'):
+        parse_models(body(doc))
+
+
+@pytest.mark.parametrize("text", [b"", b"not json", b'{"data": [', b"\xff\xfe{}"])
+def test_an_answer_that_is_not_json_is_a_bad_answer(text: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_models(text)

@@ -1,0 +1,179 @@
+"""crossbar.pages.peers: how a worker finds the other workers' private ports (files in the
+run directory) and gathers their metrics into one exposition. A fake HTTP client stands in
+for the peers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionRefusedError
+from twisted.logger import LogLevel
+
+from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_ports, publish_port
+from crossbar.testing import LogCapture
+
+
+class FakePort:
+    """An ``IListeningPort`` as far as ``publish_port`` looks."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def getHost(self) -> IPv4Address:
+        return IPv4Address("TCP", "127.0.0.1", self.number)
+
+
+def publish(number: int, path: Path) -> None:
+    publish_port(FakePort(number), path)  # type: ignore[arg-type]
+
+
+def test_port_file_is_named_by_the_worker_index() -> None:
+    info = WorkerInfo(index=1, count=3, run_dir="/run/crossbar")
+    assert info.port_file(2) == Path("/run/crossbar/worker-2.port")
+    assert info.port_file(1) == Path("/run/crossbar/worker-1.port")
+
+
+def test_publish_port_writes_the_number_and_leaves_no_scratch_file(tmp_path: Path) -> None:
+    path = WorkerInfo(0, 2, str(tmp_path)).port_file(0)
+    publish(40123, path)
+    assert path.read_text() == "40123"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0.port"]
+
+
+def test_publish_port_replaces_the_file_rather_than_rewriting_it(tmp_path: Path) -> None:
+    """A peer reading at that moment sees the old number or the new, never half of one."""
+    path = tmp_path / "worker-0.port"
+    publish(40123, path)
+    with path.open() as reader:  # a peer that opened the old file
+        publish(51234, path)
+        assert reader.read() == "40123"
+    assert path.read_text() == "51234"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0.port"]
+
+
+def test_peer_ports_skips_itself_and_files_missing_or_unreadable(tmp_path: Path) -> None:
+    info = WorkerInfo(index=1, count=6, run_dir=str(tmp_path))
+    info.port_file(0).write_text("40100")
+    info.port_file(1).write_text("40101")  # its own
+    # worker 2 has not written its file yet
+    info.port_file(3).write_text("4o1o3")  # not a number
+    info.port_file(4).mkdir()  # cannot be read as a file
+    info.port_file(5).write_text("40105\n")
+    info.port_file(6).write_text("40106")  # not one of the workers
+    assert peer_ports(info) == {0: 40100, 5: 40105}
+
+
+def test_peer_ports_of_a_lone_worker_is_empty(tmp_path: Path) -> None:
+    info = WorkerInfo(index=0, count=1, run_dir=str(tmp_path))
+    info.port_file(0).write_text("40100")
+    assert peer_ports(info) == {}
+
+
+# -- gather_metrics ---------------------------------------------------------------------------
+
+
+def exposition(requests: int) -> bytes:
+    return (
+        b"# HELP crossbar_requests_total Requests proxied.\n"
+        b"# TYPE crossbar_requests_total counter\n"
+        b'crossbar_requests_total{route="chat"} %d.0\n' % requests
+    )
+
+
+class FakeResponse:
+    def __init__(self, body: bytes, code: int = 200) -> None:
+        self.code = code
+        self._body = body
+
+    def content(self) -> Deferred[bytes]:
+        return succeed(self._body)
+
+
+class FakeClient:
+    """Answers ``get`` per port: a response, or an exception as a failed Deferred."""
+
+    def __init__(self, answers: Mapping[int, FakeResponse | Exception]) -> None:
+        self.answers = answers
+        self.asked: list[tuple[str, float]] = []
+
+    def get(self, url: str, *, timeout: float) -> Deferred[Any]:
+        self.asked.append((url, timeout))
+        port = int(url.split(":")[2].split("/")[0])
+        answer = self.answers[port]
+        return fail(answer) if isinstance(answer, Exception) else succeed(answer)
+
+
+@pytest.fixture
+def logs() -> Iterator[LogCapture]:
+    capture = LogCapture()
+    yield capture
+    capture.close()
+
+
+def workers(tmp_path: Path, ports: Mapping[int, int]) -> WorkerInfo:
+    """Worker 1 of 4, with the given peers' ports published."""
+    info = WorkerInfo(index=1, count=4, run_dir=str(tmp_path))
+    for index, port in ports.items():
+        publish(port, info.port_file(index))
+    return info
+
+
+@pytest_twisted.ensureDeferred
+async def test_gather_merges_its_own_metrics_with_the_peers(tmp_path: Path) -> None:
+    info = workers(tmp_path, {0: 40100, 3: 40103})
+    client = FakeClient({40100: FakeResponse(exposition(5)), 40103: FakeResponse(exposition(7))})
+    merged = await gather_metrics(info, exposition(3), client)
+    assert client.asked == [
+        ("http://127.0.0.1:40100/_crossbar/metrics?local=1", 2.0),
+        ("http://127.0.0.1:40103/_crossbar/metrics?local=1", 2.0),
+    ]
+    assert merged == (
+        b"# HELP crossbar_requests_total Requests proxied.\n"
+        b"# TYPE crossbar_requests_total counter\n"
+        b'crossbar_requests_total{route="chat",worker="1"} 3.0\n'
+        b'crossbar_requests_total{route="chat",worker="0"} 5.0\n'
+        b'crossbar_requests_total{route="chat",worker="3"} 7.0\n'
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_no_peer_published_only_its_own_metrics_are_labelled(tmp_path: Path) -> None:
+    client = FakeClient({})
+    merged = await gather_metrics(workers(tmp_path, {}), exposition(3), client)
+    assert client.asked == []
+    assert merged.endswith(b'crossbar_requests_total{route="chat",worker="1"} 3.0\n')
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_that_fails_is_left_out_with_a_warning(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    info = workers(tmp_path, {0: 40100, 3: 40103})
+    client = FakeClient({40100: ConnectionRefusedError(), 40103: FakeResponse(exposition(7))})
+    merged = await gather_metrics(info, exposition(3), client)
+    assert b'worker="0"' not in merged
+    assert merged.endswith(
+        b'crossbar_requests_total{route="chat",worker="1"} 3.0\n'
+        b'crossbar_requests_total{route="chat",worker="3"} 7.0\n'
+    )
+    warnings = [e for e in logs.events if e.get("log_level") == LogLevel.warn]
+    assert logs.matching("metrics of worker") == [
+        "metrics of worker 0 unavailable: connection refused"
+    ]
+    assert len(warnings) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_answering_an_error_is_left_out(tmp_path: Path, logs: LogCapture) -> None:
+    info = workers(tmp_path, {0: 40100})
+    page = b"<html><title>500 - Internal Server Error</title></html>"
+    client = FakeClient({40100: FakeResponse(page, code=500)})
+    merged = await gather_metrics(info, exposition(3), client)
+    assert merged.endswith(b'crossbar_requests_total{route="chat",worker="1"} 3.0\n')
+    assert len(logs.matching("metrics of worker 0 unavailable")) == 1

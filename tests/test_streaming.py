@@ -1,0 +1,207 @@
+"""crossbar.server.streaming's ``StreamBody`` (and crossbar.server.timers' ``stop``), with
+a Clock, a fake client request and a fake upstream transport: what reaches the client, when
+the idle timer fires, and what reaches the upstream socket."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+from twisted.internet.error import ConnectionLost
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web import server
+from twisted.web.client import ResponseDone
+from zope.interface import implementer
+
+from crossbar.server.streaming import StreamBody
+from crossbar.server.timers import stop
+
+IDLE = 30.0
+
+
+class FakeRequest:
+    """The client's request: only ``write`` is used."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+@implementer(IPushProducer)
+class FakeTransport:
+    """The upstream connection's transport, recording what it is told."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
+
+
+class Body:
+    """A StreamBody connected to fakes, and what its callbacks were given."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.request = FakeRequest()
+        self.transport = FakeTransport()
+        self.idle = 0
+        self.ends: list[Failure] = []
+        self.body = StreamBody(
+            cast(server.Request, self.request),
+            self.clock,
+            IDLE,
+            self.on_idle,
+            self.ends.append,
+        )
+        self.body.makeConnection(cast(Any, self.transport))
+
+    def on_idle(self) -> None:
+        self.idle += 1
+
+    @property
+    def timers(self) -> int:
+        return len(self.clock.getDelayedCalls())
+
+
+@pytest.fixture
+def b() -> Body:
+    return Body()
+
+
+def test_chunks_go_to_the_request_as_they_come_and_are_counted(b: Body) -> None:
+    b.body.dataReceived(b"data: {}\n\n")
+    b.body.dataReceived(b"data: [DONE]\n\n")
+    assert b.request.written == [b"data: {}\n\n", b"data: [DONE]\n\n"]
+    assert b.body.sent == 24
+    b.body.dataReceived(b"")
+    assert b.body.sent == 24
+
+
+def test_no_timer_until_armed(b: Body) -> None:
+    b.body.dataReceived(b"x")
+    assert b.timers == 0
+    b.clock.advance(IDLE * 10)
+    assert b.idle == 0
+
+
+def test_armed_timer_calls_on_idle_after_idle_timeout_without_data(b: Body) -> None:
+    b.body.arm()
+    b.body.arm()  # arming twice keeps one timer
+    assert b.timers == 1
+    b.clock.advance(IDLE - 0.001)
+    assert b.idle == 0
+    b.clock.advance(0.001)
+    assert b.idle == 1
+    b.clock.advance(IDLE * 10)
+    assert b.idle == 1
+
+
+def test_each_chunk_pushes_the_timer_back(b: Body) -> None:
+    b.body.arm()
+    for _ in range(5):
+        b.clock.advance(IDLE - 1)
+        b.body.dataReceived(b"x")
+    assert b.idle == 0
+    b.clock.advance(IDLE - 0.001)
+    assert b.idle == 0
+    b.clock.advance(0.001)
+    assert b.idle == 1
+
+
+def test_a_paused_body_is_never_idle(b: Body) -> None:
+    """A client that reads slowly pauses the upstream: the host is not idle then."""
+    b.body.arm()
+    b.clock.advance(IDLE - 1)
+    b.body.pauseProducing()
+    assert b.transport.calls == ["pause"]
+    assert b.timers == 0
+    b.clock.advance(IDLE * 10)
+    assert b.idle == 0
+
+
+def test_resume_restarts_a_whole_idle_timeout(b: Body) -> None:
+    b.body.arm()
+    b.clock.advance(IDLE - 1)
+    b.body.pauseProducing()
+    b.clock.advance(IDLE * 10)
+    b.body.resumeProducing()
+    assert b.transport.calls == ["pause", "resume"]
+    b.clock.advance(IDLE - 0.001)
+    assert b.idle == 0
+    b.clock.advance(0.001)
+    assert b.idle == 1
+
+
+def test_stop_producing_stops_the_timer_and_reaches_the_transport(b: Body) -> None:
+    b.body.arm()
+    b.body.stopProducing()
+    assert b.transport.calls == ["stop"]
+    assert b.timers == 0
+    b.clock.advance(IDLE * 10)
+    assert b.idle == 0
+
+
+def test_connection_lost_stops_the_timer_and_gives_the_reason_to_on_end(b: Body) -> None:
+    b.body.arm()
+    reason = Failure(ConnectionLost("upstream reset"))
+    b.body.connectionLost(reason)
+    assert b.ends == [reason]
+    assert b.timers == 0
+    b.clock.advance(IDLE * 10)
+    assert b.idle == 0
+    assert b.transport.calls == []
+
+
+def test_a_clean_end_is_response_done(b: Body) -> None:
+    b.body.connectionLost()
+    assert len(b.ends) == 1
+    assert b.ends[0].check(ResponseDone)
+
+
+def test_the_end_after_the_idle_timer_fired_raises_nothing(b: Body) -> None:
+    b.body.arm()
+    b.clock.advance(IDLE)
+    b.body.pauseProducing()
+    b.body.stopProducing()
+    b.body.connectionLost(Failure(ConnectionLost()))
+    assert (b.idle, len(b.ends)) == (1, 1)
+    assert b.transport.calls == ["pause", "stop"]
+
+
+# -- timers.stop ------------------------------------------------------------------------------
+
+
+def test_stop_cancels_a_pending_call() -> None:
+    clock = Clock()
+    fired: list[int] = []
+    call = clock.callLater(1, fired.append, 1)
+    stop(call)
+    assert not call.active()
+    clock.advance(2)
+    assert fired == []
+
+
+def test_stop_of_nothing_a_fired_or_a_cancelled_call_does_nothing() -> None:
+    clock = Clock()
+    fired: list[int] = []
+    done = clock.callLater(1, fired.append, 1)
+    clock.advance(1)
+    cancelled = clock.callLater(1, fired.append, 2)
+    cancelled.cancel()
+    stop(None)
+    stop(done)
+    stop(cancelled)
+    stop(cancelled)
+    clock.advance(5)
+    assert fired == [1]
