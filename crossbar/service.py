@@ -93,7 +93,9 @@ class Crossbar(MultiService):
         root = RootResource(self.proxy)
         status_root = self.status.resource()
         root.putChild(b"_crossbar", status_root)
-        self.site = Site(root, timeout=CLIENT_IDLE_TIMEOUT, parsePOSTFormSubmission=False)
+        self.site = Site(
+            root, proxy=self.proxy, timeout=CLIENT_IDLE_TIMEOUT, parsePOSTFormSubmission=False
+        )
 
         _ClosePools(poll_pool, upstreams).setServiceParent(self)
         self.poller.setServiceParent(self)
