@@ -17,6 +17,7 @@ from twisted.internet.protocol import Protocol
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from crossbar._twisted import client_gone
 from crossbar.config import HostSettings, RouteConfig
 from crossbar.fleet import HealthTable
 from crossbar.server.site import MAX_BODY
@@ -366,7 +367,7 @@ async def test_client_leaving_stops_upstream_and_marks_nothing(rig: Rig, reactor
     reader.transport.stopProducing()  # the client hangs up mid-stream
     upstream.closed.addTimeout(1.0, reactor)
     await upstream.closed  # crossbar closed the upstream connection within 1 s
-    assert upstream.request is not None and upstream.request._disconnected
+    assert upstream.request is not None and client_gone(upstream.request)
     state = rig.table.get("gpu-a")
     assert state is not None and state.healthy and state.last_err == ""
 

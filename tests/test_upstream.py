@@ -703,6 +703,20 @@ async def test_idle_connection_the_host_spoke_on_is_not_reused(rig: Rig, unasked
     assert len(host.connections[0].requests) == 1
 
 
+@pytest_twisted.ensureDeferred
+async def test_requests_go_out_without_waiting_for_acks(rig: Rig) -> None:
+    """A request leaves in one write, which Nagle's algorithm must not hold back: the
+    upstream socket has TCP_NODELAY."""
+    host = rig.host(answers(OK))
+    pool = rig.upstreams(host.url)
+    await fetch(pool)
+    connection = pool.take(H)
+    assert connection is not None and connection.transport is not None
+    sock = connection.transport.getHandle()  # type: ignore[attr-defined]
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    pool.release(connection)
+
+
 # -- no answer -----------------------------------------------------------------------------------
 
 
