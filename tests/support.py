@@ -21,7 +21,9 @@ from shutil import which
 from typing import Any, Self
 
 import attrs
+from twisted.internet.interfaces import IPushProducer
 from twisted.web.iweb import IResponse
+from zope.interface import implementer
 
 from crossbar.testing import (
     FAST,
@@ -256,3 +258,32 @@ def start_daemon(tmp: Path, yaml: str, *, port: int | None = None, timeout: floa
             + daemon.output()
         )
     return daemon
+
+
+@implementer(IPushProducer)
+class RecordingProducer:
+    """A push producer that records what it is asked to do, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
+
+
+ROUTER_LISTING = {
+    "object": "list",
+    "data": [
+        {"id": "tiny-b", "object": "model", "status": {"value": "loaded", "args": []}},
+        {"id": "tiny-a", "object": "model", "status": {"value": "loaded", "args": []}},
+        {"id": "tiny-c", "object": "model", "status": {"value": "loading", "args": []}},
+        {"id": "tiny-d", "object": "model", "status": {"value": "unloaded", "failed": True}},
+    ],
+}
+"""A router's /v1/models: two models loaded, one loading, one that failed to load."""

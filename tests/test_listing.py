@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from crossbar.fleet.listing import parse_models
+from tests.support import ROUTER_LISTING
 
 
 def body(doc: Any) -> bytes:
@@ -16,16 +17,7 @@ def body(doc: Any) -> bytes:
 
 
 def test_router_listing_loads_only_the_loaded_ones_and_knows_them_all() -> None:
-    listing = {
-        "object": "list",
-        "data": [
-            {"id": "tiny-b", "object": "model", "status": {"value": "loaded", "args": []}},
-            {"id": "tiny-a", "object": "model", "status": {"value": "loaded", "args": []}},
-            {"id": "tiny-c", "object": "model", "status": {"value": "loading", "args": []}},
-            {"id": "tiny-d", "object": "model", "status": {"value": "unloaded", "failed": True}},
-        ],
-    }
-    assert parse_models(body(listing)) == (
+    assert parse_models(body(ROUTER_LISTING)) == (
         ["tiny-b", "tiny-a"],
         ["tiny-b", "tiny-a", "tiny-c", "tiny-d"],
     )

@@ -17,16 +17,14 @@ from twisted.web.resource import Resource
 from crossbar.config import HostSettings
 from crossbar.fleet import HealthTable, HostState
 from crossbar.fleet.poller import Poller
+from tests.support import ROUTER_LISTING
 
 ROUTER_MODELS = {
     "object": "list",
     "data": [
-        {"id": "tiny-b", "object": "model", "status": {"value": "loaded", "args": []}},
-        {"id": "tiny-a", "object": "model", "status": {"value": "loaded", "args": []}},
-        {"id": "tiny-c", "object": "model", "status": {"value": "loading", "args": []}},
-        {"id": "tiny-d", "object": "model", "status": {"value": "unloaded", "failed": True}},
-        {"id": "tiny-a", "object": "model", "status": {"value": "loaded"}},
-        {"id": "", "object": "model", "status": {"value": "loaded"}},
+        *ROUTER_LISTING["data"],
+        {"id": "tiny-a", "object": "model", "status": {"value": "loaded"}},  # listed twice
+        {"id": "", "object": "model", "status": {"value": "loaded"}},  # no id: skipped
     ],
 }
 

@@ -25,7 +25,7 @@ from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.render import ago
 from crossbar.service import Crossbar
-from crossbar.testing import SimulatedHost
+from crossbar.testing import Rig, SimulatedHost
 from tests.support import all_polled, rigs
 
 T0 = 1_700_000_000.0
@@ -400,16 +400,23 @@ def test_ago(seconds: float, text: str) -> None:
 
 @attrs.define
 class Fleet:
-    crossbar: Crossbar
-    hosts: dict[str, SimulatedHost]
-    client: HTTPClient
+    rig: Rig
+
+    @property
+    def crossbar(self) -> Crossbar:
+        return self.rig.crossbar
+
+    @property
+    def hosts(self) -> dict[str, SimulatedHost]:
+        return self.rig.sims
+
+    @property
+    def client(self) -> HTTPClient:
+        return self.rig.client
 
     @property
     def base(self) -> str:
-        port = self.crossbar.listener.port
-        assert port is not None
-        address: Any = port.getHost()
-        return f"http://127.0.0.1:{address.port}/_crossbar"
+        return self.rig.base + "/_crossbar"
 
     async def get(self, path: str) -> tuple[Any, bytes]:
         response = await self.client.get(self.base + path)
@@ -445,7 +452,7 @@ async def fleet(reactor: Any) -> AsyncIterator[Fleet]:
     async with rigs() as make:
         rig = await make(hosts, routes, defaults=HostSettings(poll_interval=60.0), up=())
         await all_polled(rig.crossbar.table)
-        yield Fleet(rig.crossbar, rig.sims, rig.client)
+        yield Fleet(rig)
 
 
 @pytest_twisted.ensureDeferred

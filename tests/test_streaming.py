@@ -8,15 +8,14 @@ from typing import Any, cast
 
 import pytest
 from twisted.internet.error import ConnectionLost
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.client import ResponseDone
-from zope.interface import implementer
 
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
+from tests.support import RecordingProducer
 
 IDLE = 30.0
 
@@ -31,30 +30,13 @@ class FakeRequest:
         self.written.append(data)
 
 
-@implementer(IPushProducer)
-class FakeTransport:
-    """The upstream connection's transport, recording what it is told."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pauseProducing(self) -> None:
-        self.calls.append("pause")
-
-    def resumeProducing(self) -> None:
-        self.calls.append("resume")
-
-    def stopProducing(self) -> None:
-        self.calls.append("stop")
-
-
 class Body:
     """A StreamBody connected to fakes, and what its callbacks were given."""
 
     def __init__(self) -> None:
         self.clock = Clock()
         self.request = FakeRequest()
-        self.transport = FakeTransport()
+        self.transport = RecordingProducer()
         self.idle = 0
         self.ends: list[Failure] = []
         self.body = StreamBody(

@@ -24,14 +24,12 @@ import pytest_twisted
 from twisted.internet import ssl, tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.client import _HTTP11ClientFactory
-from zope.interface import implementer
 
 from crossbar._twisted import (
     TESTED_TWISTED,
@@ -42,6 +40,7 @@ from crossbar._twisted import (
     request_line,
     write_now,
 )
+from tests.support import RecordingProducer
 
 BLOCK = 4 * 1024 * 1024
 """More than a loopback socket takes while its peer does not read, and > SEND_LIMIT."""
@@ -98,23 +97,6 @@ class Once(Factory):
 
     def buildProtocol(self, addr: Any) -> Protocol:
         return self.protocol_
-
-
-@implementer(IPushProducer)
-class Producer:
-    """Counts what the transport asks of it."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pauseProducing(self) -> None:
-        self.calls.append("pause")
-
-    def resumeProducing(self) -> None:
-        self.calls.append("resume")
-
-    def stopProducing(self) -> None:
-        self.calls.append("stop")
 
 
 class Pair:
@@ -265,7 +247,7 @@ async def test_what_the_socket_does_not_take_is_queued_and_pauses_the_producer(
     """A write larger than the socket takes sends a part, queues the rest and pauses the
     streaming producer, as Twisted's write does; all of it arrives, then it is resumed."""
     connection = pair.transport
-    producer = Producer()
+    producer = RecordingProducer()
     connection.registerProducer(producer, True)
     block = pattern(BLOCK)
     write_now(direct(connection), connection, block)
