@@ -1,6 +1,6 @@
 """End to end: the official openai client, through crossbar, to simulated llama-server routers.
 
-``fleet`` is crossbar in front of two simulators, built as in tests/support.py.
+``fleet`` is crossbar in front of two simulators, built with crossbar.testing's rig.
 """
 
 from __future__ import annotations

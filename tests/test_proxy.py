@@ -75,7 +75,7 @@ def site(upstream: Upstream) -> server.Site:
 
 @attrs.define
 class Rig:
-    """crossbar (built as in tests/support.py) in front of two echoing upstreams."""
+    """crossbar (built with crossbar.testing's rig) in front of two echoing upstreams."""
 
     built: support.Rig
     upstreams: dict[str, Upstream]
