@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
+from crossbar.config import DEMO_SOURCE, Config, HostConfig, HostSettings, RouteConfig
 from crossbar.testing import SimulatedHost
 
 FLEET = {
@@ -22,7 +22,8 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
     """Start the simulated hosts and return a config that routes to them."""
     sims: dict[str, SimulatedHost] = {}
     for name, models in FLEET.items():
-        sim = SimulatedHost(models, chunks=24, chunk_interval=0.05, load_time=2.0, reactor=reactor)
+        # Answers end by themselves (8-60 tokens): an agent's "max_tokens": 32000 takes seconds.
+        sim = SimulatedHost(models, chunk_interval=0.05, load_time=2.0, reactor=reactor)
         sim.listen(0, "127.0.0.1")
         sims[name] = sim
     config = Config(
@@ -33,6 +34,6 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
             "opencode": RouteConfig("opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b"),
             "hermes": RouteConfig("hermes", ("gpu-c", "gpu-b"), "hermes-4-14b"),
         },
-        source="(demo)",
+        source=DEMO_SOURCE,
     )
     return config, list(sims.values())

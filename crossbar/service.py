@@ -8,17 +8,20 @@ and the status pages only read.
 
 from __future__ import annotations
 
+from socket import gethostname
 from typing import Any
 
 from treq.client import HTTPClient
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 
-from crossbar.config import Config
+from crossbar import __version__
+from crossbar.config import DEMO_SOURCE, LISTEN_BACKLOG, Config, tcp_address
 from crossbar.fleet import HealthTable, HostState, Traffic
 from crossbar.fleet.poller import Poller
 from crossbar.pages.app import StatusApp
@@ -112,8 +115,41 @@ class Crossbar(MultiService):
             )
             private.setServiceParent(self)
             private.listening.addCallback(publish_port, worker.port_file(worker.index))
-        self.listener = Listener(endpoint, self.site)
+        self.listener = Listener(endpoint, self.site, name=shown_listen(config.listen))
         self.listener.setServiceParent(self)
+        if worker is None or worker.index == 0:
+            self.listener.listening.addCallback(self._announce)
+
+    def _announce(self, port: IListeningPort) -> None:
+        """Say what this crossbar serves, with the base URLs to paste into an agent."""
+        address: Any = port.getHost()
+        for line in announcement(self.config, getattr(address, "port", None), gethostname()):
+            log.info("{line}", line=line)
 
     def _all_metrics(self, worker: WorkerInfo) -> Deferred[bytes]:
         return Deferred.fromCoroutine(gather_metrics(worker, self.metrics.render(), self._client))
+
+
+def shown_listen(listen: str) -> str:
+    """The listen endpoint as an admin wrote it: without the backlog crossbar adds."""
+    return listen.replace(f":backlog={LISTEN_BACKLOG}", "")
+
+
+def announcement(config: Config, port: int | None, hostname: str) -> list[str]:
+    """Start-up lines: where crossbar listens, and each route's base URL for agents."""
+    lines = [f"crossbar {__version__} listening on {shown_listen(config.listen)}"]
+    if config.source == DEMO_SOURCE:
+        lines.append("the fleet is simulated (--demo): no GPU, answers are made up")
+    try:
+        interface = tcp_address(config.listen)[0]
+    except ValueError:  # not a plain tcp: endpoint
+        interface = ""
+    where = interface if interface not in ("", "0.0.0.0", "::") else hostname
+    base = f"http://{where}:{port}" if port is not None else shown_listen(config.listen)
+    for name, route in config.routes.items():
+        model = route.default_model or "none"
+        lines.append(
+            f"route {name}: {base}/{name}/v1 -> hosts {', '.join(route.hosts)}; "
+            f"policy {route.policy}; default model {model}"
+        )
+    return lines

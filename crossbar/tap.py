@@ -5,12 +5,14 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from twisted.application.service import IService
+import attrs
+from twisted.application.service import IService, MultiService
 from twisted.python import usage
 
 from crossbar.config import Config, ConfigError, load_config, parse_listen
+from crossbar.server.listening import CannotListen
 
 
 class Options(usage.Options):
@@ -18,7 +20,13 @@ class Options(usage.Options):
     longdesc = "Route OpenAI-style requests to a fleet of llama-server hosts, model-aware."
     optParameters = [
         ["config", "c", "crossbar.yaml", "Path to the configuration file."],
-        ["listen", "l", "7777", "With --demo: the port or endpoint to listen on."],
+        [
+            "listen",
+            "l",
+            None,
+            "Port or Twisted endpoint to listen on: overrides the config file's listen "
+            "(7777 with --demo).",
+        ],
     ]
     optFlags = [["demo", None, "Run in front of a simulated fleet on loopback (no GPU needed)."]]
 
@@ -29,32 +37,60 @@ def makeService(options: Options) -> IService:
     from crossbar.service import Crossbar
 
     try:
+        listen = _listen(options["listen"])
         if options["demo"]:
             from crossbar.demo import demo_config
 
-            try:
-                listen = parse_listen(options["listen"])
-            except ValueError as e:
-                raise ConfigError("--listen", "", str(e)) from None
-            config, _ = demo_config(reactor, listen)
+            config, _ = demo_config(reactor, listen or parse_listen(7777))
         else:
             config = load_config(options["config"])
+            if listen is not None:
+                if config.workers > 1:
+                    raise ConfigError(
+                        "--listen", "", "cannot be used with workers: set listen in the file"
+                    )
+                config = attrs.evolve(config, listen=listen)
     except ConfigError as e:
-        # One line naming file, key and problem; never a traceback.
-        print(f"crossbar: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _fail(str(e), 2)  # one line naming file, key and problem; never a traceback
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
     if config.workers == 1:
-        return Crossbar(config, reactor)
-    return _with_workers(config, options["config"], reactor)
+        return _OneLineErrors(Crossbar(config, reactor))
+    return _OneLineErrors(_with_workers(config, options["config"], reactor))
+
+
+def _listen(value: str | None) -> str | None:
+    try:
+        return None if value is None else parse_listen(value)
+    except ValueError as e:
+        raise ConfigError("--listen", "", str(e)) from None
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """One line on the terminal's stderr (twistd may have sent ``sys.stderr`` into its
+    log by now), then the exit code."""
+    print(f"crossbar: {message}", file=sys.__stderr__ or sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+class _OneLineErrors(MultiService):
+    """Under twistd: a port that cannot be opened stops start-up with one line and a
+    non-zero exit code, not twistd's traceback."""
+
+    def __init__(self, service: IService) -> None:
+        super().__init__()
+        service.setServiceParent(self)
+
+    def startService(self) -> None:
+        try:
+            super().startService()
+        except CannotListen as e:
+            _fail(str(e), 1)
 
 
 def _with_workers(config: Config, path: str, reactor: Any) -> IService:
     """Worker 0 in this process, workers 1..N-1 as children sharing its port."""
     import shutil
     import tempfile
-
-    from twisted.application.service import MultiService
 
     from crossbar.pages.peers import WorkerInfo
     from crossbar.service import Crossbar

@@ -207,8 +207,12 @@ async def test_client_leaving_mid_stream_closes_upstream_and_marks_nothing(
     state = rig.state("gpu-a")
     assert (state.healthy, state.fails, state.last_err) == (True, 0, "")
     assert rig.crossbar.traffic.in_flight == {"gpu-a": 0}
-    assert rig.logs.matching("lab gpu-a POST /v1/chat/completions", "(client left)")
+    assert rig.logs.matching("lab gpu-a POST /v1/chat/completions 499", "(client left)")
     assert not rig.logs.matching("gpu-a", "broke")
+    # Counted as the client not getting its answer, though the answer had begun.
+    metrics = rig.crossbar.metrics.render().decode()
+    assert 'crossbar_requests_total{code="499",host="gpu-a",route="lab"} 1.0' in metrics
+    assert 'code="200"' not in metrics
 
 
 @pytest_twisted.ensureDeferred

@@ -16,7 +16,7 @@ from twisted.internet.interfaces import IAddress, IListeningPort, IReactorTCP
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
 
-from crossbar.server.listening import Listener, ReusePortEndpoint
+from crossbar.server.listening import CannotListen, Listener, ReusePortEndpoint
 
 
 class Greet(Protocol):
@@ -111,9 +111,11 @@ def test_stopping_a_listener_that_never_listened_is_fine(reactor: IReactorTCP) -
 
 def test_a_port_in_use_raises_from_start_service(reactor: IReactorTCP, taken: int) -> None:
     """twistd then stops, instead of running a crossbar that nobody can reach."""
-    listener = Listener(TCP4ServerEndpoint(reactor, taken, interface="127.0.0.1"), Greeter(b"x"))
-    with pytest.raises(CannotListenError):
+    endpoint = TCP4ServerEndpoint(reactor, taken, interface="127.0.0.1")
+    listener = Listener(endpoint, Greeter(b"x"), name=f"tcp:{taken}")
+    with pytest.raises(CannotListen) as raised:
         listener.startService()
+    assert str(raised.value) == f"cannot listen on tcp:{taken}: address already in use"
     assert not listener.running
     assert listener.port is None
     assert not listener.listening.called

@@ -184,3 +184,31 @@ async def test_in_flight_is_seen_while_a_request_runs(rig: Rig) -> None:
     assert value(after, "crossbar_in_flight_requests", host="gpu-a") == 0
     assert value(after, "crossbar_requests_total", route="lab", host="gpu-a", code="499") == 1
     assert value(after, "crossbar_time_to_first_byte_seconds_count", route="lab", host="gpu-a") == 0
+
+
+def test_no_counter_has_a_created_twin(table: HealthTable) -> None:
+    metrics = Metrics(table, FakeProxy())
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 1.5, 0.2, 1000, "m1"))
+    text = metrics.render().decode()
+    assert "crossbar_requests_total" in text and "_created" not in text
+
+
+def test_requests_by_model_name_only_models_the_fleet_knows(table: HealthTable) -> None:
+    """A client may name any model; the label is the model only when a host listed it,
+    else ``other``, so a typo or a hostile client cannot grow the label set."""
+    table.record_ok("gpu-a", loaded=["m1"], known=["m1", "m2"])
+    table.record_ok("gpu-b", loaded=[], known=["m3"])
+    metrics = Metrics(table, FakeProxy())
+    for model in ["m1", "m2", "m3", "m1", "typo-1", "typo-2", None]:
+        metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, model))
+    found = samples(metrics.render())
+    by_model = "crossbar_model_requests_total"
+    assert value(found, by_model, route="lab", model="m1") == 2
+    assert value(found, by_model, route="lab", model="m2") == 1
+    assert value(found, by_model, route="lab", model="m3") == 1
+    assert value(found, by_model, route="lab", model="other") == 2
+    assert value(found, by_model, route="lab", model="typo-1") is None
+    # Once a host lists it, a model has a label of its own.
+    table.record_ok("gpu-b", loaded=[], known=["m3", "typo-1"])
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, "typo-1"))
+    assert value(samples(metrics.render()), by_model, route="lab", model="typo-1") == 1

@@ -144,6 +144,25 @@ async def test_error_answers_are_json(rig: Rig, path: str, status: int, error: s
     assert all(not u.seen for u in rig.upstreams.values())
 
 
+@pytest.mark.parametrize(
+    ("path", "logged"),
+    [
+        ("/opencdoe/v1/chat/completions?key=1", "- - POST /opencdoe/v1/chat/completions 404"),
+        ("/lab/v1x/chat?key=1", "lab - POST /v1x/chat 404"),
+        ("/%00%ff/v1/models", "- - POST /%00%ff/v1/models 404"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_request_that_is_not_proxied_is_logged_as_asked(
+    rig: Rig, path: str, logged: str
+) -> None:
+    """An admin looking for a misconfigured agent finds the route it asked for (the
+    query is left out: it may carry a key)."""
+    response, _ = await call(rig, "POST", path, data=b"{}")
+    assert response.code == 404
+    assert rig.built.logs.matching(logged), rig.built.logs.lines
+
+
 @pytest_twisted.ensureDeferred
 async def test_forwarding_keeps_path_query_body_and_sets_forwarded_headers(rig: Rig) -> None:
     body = b'{"model": "m1", "messages": [{"role": "user", "content": "hi"}]}'

@@ -14,6 +14,7 @@ from crossbar.server.rewrite import (
     json_body,
     parse_target,
     peek_model,
+    printable,
     upstream_headers,
     with_model,
 )
@@ -225,3 +226,17 @@ def test_cr_or_lf_in_a_value_cannot_start_a_header_line() -> None:
         b"X-Forwarded-Host: h  X-Injected: 5",
         b"",
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "limit", "text"),
+    [
+        (b"/opencdoe/v1/chat/completions", 200, "/opencdoe/v1/chat/completions"),
+        (b"/a\x00b\xff\r\n c", 200, "/a\\x00b\\xff\\x0d\\x0a\\x20c"),
+        (b"/" + b"x" * 300, 20, "/" + "x" * 16 + "..."),
+        (b"\x01" * 300, 20, "\\x01" * 4 + "\\..."),
+        (b"", 10, ""),
+    ],
+)
+def test_printable_makes_one_log_line_of_anything(raw: bytes, limit: int, text: str) -> None:
+    assert printable(raw, limit) == text

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from crossbar.config import parse_config
+from crossbar.service import announcement
+
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 
 
@@ -87,6 +90,36 @@ def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path, port: i
     assert "Cancelled" not in out  # a poll cut short by the stop records nothing
     assert "lab - GET /v1/models 503" in out
     assert "Traceback" not in out
+    # It said what it serves, with the base URL an agent needs.
+    assert f"crossbar 0.1.0 listening on tcp:{port}:interface=127.0.0.1" in out
+    assert f"route lab: http://127.0.0.1:{port}/lab/v1 -> hosts gpu-a;" in out
+    assert "simulated" not in out
+
+
+def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path, port: int) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    (tmp_path / "crossbar.yaml").write_text(
+        f'listen: "tcp:{busy}:interface=127.0.0.1"\n'
+        "poll_interval: 1h\n"
+        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n"
+    )
+    try:
+        proc = start(
+            ["-c", "crossbar.yaml", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path
+        )
+        try:
+            wait_for_port(port, proc)
+            status, body, _ = get(f"http://127.0.0.1:{port}/lab/v1/models")
+            assert (status, body) == (503, {"error": "no healthy host"})
+        finally:
+            code, out = stop(proc)
+    finally:
+        taken.close()
+    assert code == 0, out
 
 
 def test_demo_fleet_routes_by_model(tmp_path: Path, port: int) -> None:
@@ -110,6 +143,8 @@ def test_demo_fleet_routes_by_model(tmp_path: Path, port: int) -> None:
     finally:
         code, out = stop(proc)
     assert code == 0, out
+    assert "the fleet is simulated (--demo)" in out
+    assert f"route opencode: http://127.0.0.1:{port}/opencode/v1 -> hosts gpu-a, gpu-b;" in out
 
 
 def test_port_in_use_stops_startup(tmp_path: Path) -> None:
@@ -120,4 +155,34 @@ def test_port_in_use_stops_startup(tmp_path: Path) -> None:
         proc = start(["--demo", "--listen", f"tcp:{taken}:interface=127.0.0.1"], tmp_path)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode != 0
-    assert "Address already in use" in out or "address already in use" in out.lower()
+    line = f"crossbar: cannot listen on tcp:{taken}:interface=127.0.0.1: address already in use"
+    assert out.strip().splitlines()[-1] == line, out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("listen", "port", "base"),
+    [
+        ("tcp:7777:backlog=1024", 7777, "http://gpu-box:7777"),
+        ("tcp:7777:interface=10.1.2.3:backlog=1024", 7777, "http://10.1.2.3:7777"),
+        ("unix:/run/crossbar.sock", None, "unix:/run/crossbar.sock"),
+    ],
+)
+def test_the_start_up_lines_give_each_route_s_base_url(
+    listen: str, port: int | None, base: str
+) -> None:
+    config = parse_config(
+        {
+            "listen": listen,
+            "hosts": {"gpu-a": "http://10.0.0.1:8080", "gpu-b": "http://10.0.0.2:8080"},
+            "routes": {
+                "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1", "policy": "least_busy"},
+                "spare": {"hosts": ["gpu-b"]},
+            },
+        }
+    )
+    assert announcement(config, port, "gpu-box") == [
+        f"crossbar 0.1.0 listening on {listen.replace(':backlog=1024', '')}",
+        f"route lab: {base}/lab/v1 -> hosts gpu-a, gpu-b; policy least_busy; default model m1",
+        f"route spare: {base}/spare/v1 -> hosts gpu-b; policy priority; default model none",
+    ]

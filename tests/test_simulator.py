@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -16,9 +17,11 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 
+from crossbar.demo import demo_config
 from crossbar.testing import BUILD_INFO, RecordedRequest, SimulatedHost
 from crossbar.testing.simulator.__main__ import _parse_models
 
@@ -250,7 +253,7 @@ async def test_router_rejects_missing_or_unknown_model(model: str | None, messag
 
 @pytest_twisted.ensureDeferred
 async def test_chat_answer_has_openai_shape() -> None:
-    sim = SimulatedHost(TWO_MODELS)
+    sim = SimulatedHost(TWO_MODELS, chunks=8)
     stub = stub_for(sim)
     code, body = await post_json(stub, "/v1/chat/completions", chat(max_tokens=5))
     assert code == 200
@@ -498,7 +501,7 @@ async def test_stream_framing_matches_llama(hosts: Callable[..., SimulatedHost])
 
 @pytest_twisted.ensureDeferred
 async def test_chat_stream_without_usage_has_timings_on_the_finish_chunk() -> None:
-    sim = SimulatedHost(TWO_MODELS)
+    sim = SimulatedHost(TWO_MODELS, chunks=8)
     stub = stub_for(sim)
     response = await stub.post("http://sim/v1/chat/completions", json=chat(stream=True))
     payloads = sse_payloads(await stub.content(response))
@@ -507,8 +510,8 @@ async def test_chat_stream_without_usage_has_timings_on_the_finish_chunk() -> No
 
 
 @pytest_twisted.ensureDeferred
-async def test_stream_without_sockets_uses_default_chunk_count() -> None:
-    sim = SimulatedHost(TWO_MODELS, chunk_size=3)
+async def test_stream_without_sockets_has_the_chunks_it_is_told() -> None:
+    sim = SimulatedHost(TWO_MODELS, chunks=8, chunk_size=3)
     stub = stub_for(sim)
     response = await stub.post("http://sim/v1/completions", json={"model": "tiny-a", "stream": 1})
     assert (await stub.json_content(response))["object"] == "text_completion"  # stream must be true
@@ -543,9 +546,9 @@ async def test_stream_without_sockets_uses_default_chunk_count() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_client_disconnect_stops_generation(hosts: Callable[..., SimulatedHost]) -> None:
-    sim = hosts(models=TWO_MODELS, chunk_interval=0.01)
+    sim = hosts(models=TWO_MODELS, chunks=1000, chunk_interval=0.01)
     await sim.listen()
-    body = chat(stream=True, max_tokens=1000)
+    body = chat(stream=True)
     client = await send_raw(sim, http_post("/v1/chat/completions", body))
     await client.wait_for(b'"content":"c"')
     assert sim.active_streams == 1 and sim.open_connections == 1
@@ -562,9 +565,9 @@ async def test_client_disconnect_stops_generation(hosts: Callable[..., Simulated
 @pytest_twisted.ensureDeferred
 async def test_slow_reader_pauses_generation(hosts: Callable[..., SimulatedHost]) -> None:
     size = 64 * 1024
-    sim = hosts(models=TWO_MODELS, chunk_size=size)
+    sim = hosts(models=TWO_MODELS, chunks=512, chunk_size=size)
     await sim.listen()
-    body = chat(stream=True, max_tokens=512)  # 32 MiB of content
+    body = chat(stream=True)  # 32 MiB of content
     client = await send_raw(sim, http_post("/v1/chat/completions", body), keep=False)
     client.transport.pauseProducing()  # stop reading: the simulator must stop too
     await deferLater(client_reactor(), 0.2)
@@ -573,6 +576,228 @@ async def test_slow_reader_pauses_generation(hosts: Callable[..., SimulatedHost]
     await client.lost
     assert client.data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     assert client.received > 512 * size and sim.chunks_sent == 512
+
+
+# -- how long an answer is, and what it counts -------------------------------------------------
+
+
+CHAT_PATH, TEXT_PATH = "/v1/chat/completions", "/v1/completions"
+KINDS = [(CHAT_PATH, False), (CHAT_PATH, True), (TEXT_PATH, False), (TEXT_PATH, True)]
+KIND_IDS = ["chat", "chat-stream", "text", "text-stream"]
+ALPHABET = "abcdefghijklmnopqrstuvwxyz" * 3
+
+
+@dataclass
+class Answer:
+    """One completion as a client reads it: the content pieces (the whole text when not
+    streamed), why it ended, and its usage and timings."""
+
+    pieces: list[str]
+    finish: str | None
+    usage: dict[str, Any]
+    timings: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def request(path: str, **extra: Any) -> dict[str, Any]:
+    """A chat or text completion request for tiny-a; a stream asks for the usage."""
+    if extra.get("stream"):
+        extra.setdefault("stream_options", {"include_usage": True})
+    if path == CHAT_PATH:
+        return chat(**extra)
+    return {"model": "tiny-a", "prompt": "Once upon a time", **extra}
+
+
+async def complete(stub: Any, path: str, body: dict[str, Any]) -> Answer:
+    response = await stub.post("http://sim" + path, json=body)
+    assert response.code == 200
+    data = await stub.content(response)
+    if not body.get("stream"):
+        whole = json.loads(data)
+        (choice,) = whole["choices"]
+        content = choice["message"]["content"] if "message" in choice else choice["text"]
+        return Answer([content], choice["finish_reason"], whole["usage"], whole["timings"])
+    answer = Answer([], None, {}, {})
+    payloads = sse_payloads(data)
+    assert payloads.pop() == "[DONE]"
+    for payload in payloads:
+        for choice in payload["choices"]:
+            piece = choice["delta"].get("content") if "delta" in choice else choice["text"]
+            answer.pieces += [piece] if piece else []
+            answer.finish = choice["finish_reason"] or answer.finish
+        answer.usage = payload.get("usage", answer.usage)
+        answer.timings = payload.get("timings", answer.timings)
+    return answer
+
+
+def drive(clock: Clock, stub: Any, answered: list[object], until: float) -> float:
+    """Advance ``clock`` from one timer to the next until ``answered`` has something or
+    ``until`` seconds have passed; returns the seconds it took."""
+    started = clock.seconds()
+    while not answered and clock.seconds() - started < until:
+        due = min((c.getTime() for c in clock.getDelayedCalls()), default=clock.seconds() + 0.01)
+        clock.advance(max(due - clock.seconds(), 0.0))
+        stub.flush()
+    return clock.seconds() - started
+
+
+@pytest.mark.parametrize(("path", "stream"), KINDS, ids=KIND_IDS)
+@pytest_twisted.ensureDeferred
+async def test_an_answer_ends_by_itself_after_8_to_60_tokens(path: str, stream: bool) -> None:
+    stub = stub_for(SimulatedHost(TWO_MODELS))
+    seeded = [await complete(stub, path, request(path, stream=stream, seed=s)) for s in range(30)]
+    free = [await complete(stub, path, request(path, stream=stream)) for _ in range(30)]
+    for answer in seeded + free:
+        assert answer.finish == "stop"
+        assert 8 <= len(answer.text) <= 60 and answer.text == ALPHABET[: len(answer.text)]
+        assert answer.usage["completion_tokens"] == len(answer.text)
+    assert len({len(a.text) for a in seeded}) > 5  # varied by the seed
+    assert len({len(a.text) for a in free}) > 5  # and by the draw without one
+
+
+@pytest.mark.parametrize(("path", "stream"), KINDS, ids=KIND_IDS)
+@pytest_twisted.ensureDeferred
+async def test_the_same_seed_and_prompt_give_the_same_answer(path: str, stream: bool) -> None:
+    stub = stub_for(SimulatedHost(TWO_MODELS))
+    for extra in ({"seed": 1234}, {"seed": 2**40 + 5}, {"temperature": 0}, {"temperature": 0.0}):
+        first = await complete(stub, path, request(path, stream=stream, **extra))
+        again = await complete(stub, path, request(path, stream=stream, **extra))
+        assert (again.text, again.finish, again.usage) == (first.text, first.finish, first.usage)
+    # greedy sampling ignores the seed; -1 is llama-server's "draw one"
+    greedy = [
+        await complete(stub, path, request(path, stream=stream, seed=s, temperature=0))
+        for s in range(5)
+    ]
+    assert len({a.text for a in greedy}) == 1
+    drawn = [await complete(stub, path, request(path, stream=stream, seed=-1)) for _ in range(20)]
+    assert len({a.text for a in drawn}) > 1
+
+
+@pytest.mark.parametrize("path", [CHAT_PATH, TEXT_PATH])
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens", "n_predict"])
+@pytest_twisted.ensureDeferred
+async def test_a_token_limit_only_cuts_the_answer_shorter(path: str, limit: str) -> None:
+    stub = stub_for(SimulatedHost(TWO_MODELS))
+    natural = await complete(stub, path, request(path, seed=7))
+    n = len(natural.text)
+    for value, tokens, finish in [
+        (0, 0, "length"),
+        (n - 1, n - 1, "length"),
+        (n, n, "length"),  # the limit comes before the end token is sampled
+        (n + 1, n, "stop"),
+        (32000, n, "stop"),
+        (-1, n, "stop"),  # llama-server's "no limit"
+    ]:
+        for stream in (False, True):
+            answer = await complete(
+                stub, path, request(path, seed=7, stream=stream, **{limit: value})
+            )
+            assert (answer.text, answer.finish) == (natural.text[:tokens], finish), (value, stream)
+            assert answer.usage["completion_tokens"] == tokens
+
+
+@pytest_twisted.ensureDeferred
+async def test_limits_are_read_as_llama_server_reads_them() -> None:
+    """n_predict first, then max_completion_tokens, then max_tokens; a value that is not an
+    integer is skipped, and a set but negative n_predict hides max_tokens."""
+    stub = stub_for(SimulatedHost(TWO_MODELS, chunks=20))
+    for limits, tokens in [
+        ({"max_tokens": 3, "max_completion_tokens": 4, "n_predict": 5}, 5),
+        ({"max_tokens": 3, "max_completion_tokens": 4}, 4),
+        ({"max_tokens": 3, "n_predict": None}, 3),
+        ({"max_tokens": 3, "n_predict": "5"}, 3),
+        ({"max_tokens": 3, "n_predict": -1}, 20),
+        ({"max_tokens": True}, 20),
+    ]:
+        for path in (CHAT_PATH, TEXT_PATH):
+            answer = await complete(stub, path, request(path, **limits))
+            assert len(answer.text) == tokens, (limits, path)
+
+
+@pytest.mark.parametrize("path", [CHAT_PATH, TEXT_PATH])
+@pytest_twisted.ensureDeferred
+async def test_usage_and_timings_count_what_was_streamed(path: str) -> None:
+    clock = Clock()
+    sim = SimulatedHost(TWO_MODELS, chunk_interval=0.02, chunk_size=3, reactor=clock)
+    stub = stub_for(sim)
+    options = {"include_usage": True}
+    for body in (request(path), request(path, max_tokens=5)):
+        body |= {"seed": 99, "stream": True, "stream_options": options}
+        answered = watch(Deferred.fromCoroutine(complete(stub, path, body)))
+        drive(clock, stub, answered, 5.0)
+        (answer,) = answered
+        assert isinstance(answer, Answer)
+        n = len(answer.pieces)  # a content chunk a token, chunk_size letters each
+        assert all(len(piece) == 3 for piece in answer.pieces)
+        usage, timings = answer.usage, answer.timings
+        assert usage["completion_tokens"] == timings["predicted_n"] == n
+        assert n == 5 if "max_tokens" in body else 8 <= n <= 60
+        assert usage["prompt_tokens"] == timings["prompt_n"] + timings["cache_n"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + n
+        assert timings["predicted_ms"] == pytest.approx(n * 20.0)
+        assert timings["predicted_per_token_ms"] == pytest.approx(timings["predicted_ms"] / n)
+        assert timings["predicted_per_second"] == pytest.approx(1000 * n / timings["predicted_ms"])
+        assert timings["prompt_per_token_ms"] == pytest.approx(
+            timings["prompt_ms"] / timings["prompt_n"]
+        )
+        assert timings["prompt_per_second"] == pytest.approx(
+            1000 * timings["prompt_n"] / timings["prompt_ms"]
+        )
+    # The prompt's count follows its size: the same prompt counts the same, a longer one more.
+    counts = []
+    for words in (1, 1, 50):
+        body = request(path, max_tokens=0)
+        if path == CHAT_PATH:
+            body["messages"][0]["content"] = "word " * words
+        else:
+            body["prompt"] = "word " * words
+        answered = watch(Deferred.fromCoroutine(complete(stub, path, body)))
+        drive(clock, stub, answered, 1.0)
+        (answer,) = answered
+        assert isinstance(answer, Answer)
+        counts.append(answer.usage["prompt_tokens"])
+    assert counts[0] == counts[1] < counts[2]
+
+
+@pytest.mark.parametrize("path", [CHAT_PATH, TEXT_PATH])
+@pytest_twisted.ensureDeferred
+async def test_streamed_and_whole_answers_of_a_seed_are_the_same(path: str) -> None:
+    stub = stub_for(SimulatedHost(TWO_MODELS, chunk_size=2))
+    for seed in range(10):
+        whole = await complete(stub, path, request(path, seed=seed))
+        streamed = await complete(stub, path, request(path, seed=seed, stream=True))
+        assert streamed.text == whole.text and len(streamed.pieces) == len(whole.text) // 2
+        assert (streamed.finish, streamed.usage) == (whole.finish, whole.usage)
+
+
+class _NumberedPorts(MemoryReactorClock):
+    """A memory reactor whose listening ports get numbers, as the demo's host URLs need."""
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:
+        return super().listenTCP(port or 40000 + len(self.tcpServers), factory, backlog, interface)
+
+
+@pytest_twisted.ensureDeferred
+async def test_demo_answers_an_agents_max_tokens_32000_within_3_seconds() -> None:
+    """The report: OpenCode asks for 32000 tokens and the demo, at 50 ms a token, streamed
+    them all (27 minutes). Its answers must end by themselves, streamed or not."""
+    clock = _NumberedPorts()
+    _, sims = demo_config(clock, "tcp:0")
+    for sim in sims:
+        assert sim.chunk_interval == 0.05
+        (model,) = (m for m, status in sim.models.items() if status == "loaded")
+        stub = stub_for(sim)
+        for stream in (True, False):
+            body = chat(model, max_tokens=32000, stream=stream)
+            answered = watch(Deferred.fromCoroutine(complete(stub, CHAT_PATH, body)))
+            seconds = drive(clock, stub, answered, 10.0)
+            assert answered and seconds < 3.001, f"still answering after {seconds:.1f}s"
+            (answer,) = answered
+            assert isinstance(answer, Answer) and answer.finish == "stop"
+            assert 8 <= len(answer.text) <= 60
 
 
 # -- faults -------------------------------------------------------------------------------------

@@ -59,4 +59,5 @@ def test_outcome_is_frozen() -> None:
         "seconds": 0.0,
         "first_byte": None,
         "sent": 0,
+        "model": None,
     }

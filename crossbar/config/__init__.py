@@ -3,6 +3,7 @@
 from crossbar.config.fields import LISTEN_BACKLOG, parse_duration, parse_listen, tcp_address
 from crossbar.config.load import ConfigError, load_config, parse_config
 from crossbar.config.model import (
+    DEMO_SOURCE,
     POLICIES,
     WHEN_ALL_DOWN,
     Config,
@@ -14,6 +15,7 @@ from crossbar.config.model import (
 )
 
 __all__ = [
+    "DEMO_SOURCE",
     "LISTEN_BACKLOG",
     "POLICIES",
     "WHEN_ALL_DOWN",

@@ -137,7 +137,7 @@ def parse_listen(value: object) -> str:
         # Only parsed here: no reactor is needed until crossbar listens.
         serverFromString(None, value)
     except Exception as e:
-        raise ValueError(f"not a valid endpoint {value!r}: {e}") from None
+        raise ValueError(f"{_endpoint_problem(e)} in {value!r}") from None
     match = re.search(r"^tcp6?:(?:port=)?(\d+)", value)
     if match and not 0 <= int(match.group(1)) <= 65535:
         raise ValueError(f"port must be 1-65535 in {value!r}")
@@ -145,3 +145,19 @@ def parse_listen(value: object) -> str:
         # Twisted's default of 50 drops connections in a burst (retried only after 1 s).
         value += f":backlog={LISTEN_BACKLOG}"
     return value
+
+
+def _endpoint_problem(e: Exception) -> str:
+    """What Twisted's endpoint parser objected to, in words (it raises whatever its
+    parsers raise: a TypeError for an unknown option, a ValueError for a bad number)."""
+    text = str(e)
+    unknown = re.search(r"unexpected keyword argument '([^']*)'", text)
+    if unknown:
+        return f"unknown option {unknown.group(1)!r}"
+    if "Unknown endpoint type" in text:
+        return "unknown endpoint type (use tcp:PORT, tcp6:PORT, ssl:PORT:... or unix:PATH)"
+    if "invalid literal for int()" in text:
+        return "a port must be a number"
+    if isinstance(e, OSError) and e.filename:
+        return f"cannot read {e.filename}: {(e.strerror or str(e)).lower()}"
+    return f"not an endpoint: {text.splitlines()[0] if text else type(e).__name__}"

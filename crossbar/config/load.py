@@ -185,10 +185,42 @@ def load_config(path: str | Path) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(source, "", f"cannot read: {e}") from None
     try:
-        data = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _no_duplicate_keys(node, "", source)
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(source, "", f"YAML syntax error: {line}{problem}") from None
     return parse_config(data, source)
+
+
+def _no_duplicate_keys(
+    node: yaml.Node, key: str, source: str, walked: set[int] | None = None
+) -> None:
+    """YAML lets the last of two equal keys win silently: a second ``gpu-a`` under
+    ``hosts`` would replace the first. Refuse it, naming where. (A node an alias
+    repeats is walked once: aliases may even refer to themselves.)"""
+    walked = set() if walked is None else walked
+    if id(node) in walked:
+        return
+    walked.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen: set[object] = set()
+        for name_node, value_node in node.value:
+            name = name_node.value if isinstance(name_node, yaml.ScalarNode) else None
+            path = _join(key, str(name)) if name is not None else key
+            if name is not None:
+                if name in seen:
+                    raise ConfigError(source, path, "duplicate key")
+                seen.add(name)
+            _no_duplicate_keys(value_node, path, source, walked)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _no_duplicate_keys(item, key, source, walked)

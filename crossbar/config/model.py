@@ -16,6 +16,8 @@ Policy = Literal["priority", "round_robin", "least_busy"]
 WhenAllDown = Literal["fail", "try_all"]
 """What a route does when none of its hosts is healthy."""
 POLICIES: tuple[str, ...] = get_args(Policy)
+DEMO_SOURCE = "(demo)"
+"""The ``source`` of the config ``--demo`` makes: no file, a simulated fleet."""
 WHEN_ALL_DOWN: tuple[str, ...] = get_args(WhenAllDown)
 
 

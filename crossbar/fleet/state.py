@@ -80,6 +80,7 @@ class HealthTable:
         }
         """Every host's settings: the one place the poller and the proxy read them."""
         self._listeners: list[Callable[[HostState, HostState], None]] = []
+        self._models: frozenset[str] = frozenset()
 
     @property
     def names(self) -> list[str]:
@@ -101,10 +102,18 @@ class HealthTable:
         """Call ``listener(old, new)`` whenever a host's ``state`` changes."""
         self._listeners.append(listener)
 
+    def knows(self, model: str) -> bool:
+        """Whether any host has listed ``model`` (loaded or not) in a poll that went well."""
+        return model in self._models
+
     def record_ok(self, name: str, loaded: Iterable[str], known: Iterable[str]) -> None:
         old = self._states.get(name)
         if old is None:
             return
+        known = tuple(sorted(set(known)))
+        if known != old.known:
+            others = (s.known for n, s in self._states.items() if n != name)
+            self._models = frozenset(known).union(*others)
         consecutive = old.consecutive + 1
         healthy = not old.has_failed or consecutive >= self.settings[name].recovery_polls
         self._set(
@@ -113,7 +122,7 @@ class HealthTable:
                 healthy=healthy,
                 fails=0 if healthy and not old.healthy else old.fails,
                 loaded=tuple(sorted(set(loaded))),
-                known=tuple(sorted(set(known))),
+                known=known,
                 consecutive=consecutive,
                 last_ok=self._clock.seconds(),
                 last_err="",

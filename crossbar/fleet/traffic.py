@@ -39,6 +39,8 @@ class Outcome:
     """Seconds until the host's status line, if one came."""
     sent: int
     """Bytes of the host's answer body relayed to the client."""
+    model: str | None = None
+    """The model the request asked for (or the route's default), if any."""
 
 
 class ProxyObserver(Protocol):

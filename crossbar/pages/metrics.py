@@ -16,6 +16,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,7 +26,13 @@ from crossbar.fleet import HealthTable, Outcome, Traffic
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
 
+# Every counter would otherwise have a ``_created`` twin holding its start time, which
+# nobody graphs; a process-wide switch, and crossbar owns its process.
+disable_created_metrics()
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+OTHER_MODEL = "other"
+"""The ``model`` label of a request for a model no host knows: labels stay bounded."""
 NO_HOST = "-"
 """The ``host`` label of a request that never reached a host (bad path, no healthy host)."""
 
@@ -116,6 +123,14 @@ class Metrics:
         )
         sent = "Bytes of upstream answers streamed to clients."
         self.sent = Counter("crossbar_response_bytes", sent, by_host, registry=registry)
+        self.models = Counter(
+            "crossbar_model_requests",
+            "Requests by route and the model they asked for (other: one no host knows).",
+            ["route", "model"],
+            registry=registry,
+        )
+        self._table = table
+        self._by_model: dict[tuple[str, str], Counter] = {}
         self.registry.register(_FleetCollector(table, traffic))
         self._children: dict[tuple[str, str], _Children] = {}
         self._codes: dict[tuple[str, str, int], Counter] = {}
@@ -137,6 +152,15 @@ class Metrics:
             children.first_byte.observe(outcome.first_byte)
         if outcome.sent:
             children.bytes.inc(outcome.sent)
+        if outcome.model is not None:
+            self._count_model(route, outcome.model)
+
+    def _count_model(self, route: str, model: str) -> None:
+        label = model if self._table.knows(model) else OTHER_MODEL
+        counter = self._by_model.get((route, label))
+        if counter is None:
+            counter = self._by_model[route, label] = self.models.labels(route, label)
+        counter.inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, for a scrape."""

@@ -34,6 +34,7 @@ from crossbar.server.rewrite import (
     json_body,
     parse_target,
     peek_model,
+    printable,
     upstream_headers,
     with_model,
 )
@@ -105,12 +106,13 @@ class Exchange:
         """Rules that need no upstream: route, path, body limit, model."""
         request = self.request
         assert request.uri is not None and request.method is not None
+        self.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
         target = parse_target(request.uri)
-        self.path = target.rest
         route = self.proxy.config.routes.get(target.route)
         if route is None:
             raise BadTarget(404, "unknown route")
         self.route = route
+        self.path = target.rest
         if not allowed_path(target.rest):
             raise BadTarget(404, "not found")
 
@@ -337,14 +339,15 @@ class Exchange:
             note += f" (tried {', '.join(self.tried)})"
         seconds = self.proxy.clock.seconds() - self.started
         answered = self.finished or self.request.startedWriting
-        status = self.request.code if answered else 499
+        # A client that left before the end of its answer did not get it, whatever began.
+        status = 499 if self.client_gone or not answered else self.request.code
         route = self.route.name if self.route is not None else "-"
         sent = self._body.sent if self._body is not None else 0
         self.proxy.observer.request_done(
-            Outcome(route, self.host, status, seconds, self.first_byte, sent)
+            Outcome(route, self.host, status, seconds, self.first_byte, sent, self.model)
         )
-        method = (self.request.method or b"-").decode("latin-1")
-        path = self.path.decode("latin-1")
+        method = printable(self.request.method or b"-", 16)
+        path = printable(self.path, 200)
         # Built here, logged as one field: the logger's own formatting costs more per line.
         line = f"{route} {self.host or '-'} {method} {path} {status} {seconds * 1000:.0f}ms{note}"
         log.info("{request}", request=line)

@@ -19,16 +19,24 @@ from zope.interface import implementer
 from crossbar.config import tcp_address
 
 
+class CannotListen(Exception):
+    """A port that cannot be opened; ``str()`` is the one line an admin reads."""
+
+
 class Listener(Service):
     """Listens on an endpoint; ``listening`` fires with the port once it is open.
 
     A port that cannot be opened (in use, no permission) is raised from
-    ``startService`` so that twistd stops instead of running deaf.
+    ``startService`` as :class:`CannotListen`, so that twistd stops instead of running
+    deaf; ``name`` is how the message names the endpoint.
     """
 
-    def __init__(self, endpoint: IStreamServerEndpoint, factory: IProtocolFactory) -> None:
+    def __init__(
+        self, endpoint: IStreamServerEndpoint, factory: IProtocolFactory, name: str = ""
+    ) -> None:
         self._endpoint = endpoint
         self._factory = factory
+        self._name = name or "the endpoint"
         self.port: IListeningPort | None = None
         self.listening: Deferred[IListeningPort] = Deferred()
 
@@ -39,7 +47,8 @@ class Listener(Service):
         d.addCallbacks(self._listened, failures.append)
         if failures:
             self.running = False
-            failures[0].raiseException()
+            reason = failures[0].value or RuntimeError("no reason given")
+            raise CannotListen(f"cannot listen on {self._name}: {_words(reason)}") from reason
 
     def _listened(self, port: IListeningPort) -> None:
         self.port = port
@@ -74,3 +83,11 @@ class ReusePortEndpoint:
         finally:
             sock.close()  # the reactor holds its own copy of the descriptor
         return succeed(port)
+
+
+def _words(reason: BaseException) -> str:
+    """``address already in use``, ``permission denied``: the system's words."""
+    cause = getattr(reason, "socketError", None) or reason
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror.lower()
+    return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__

@@ -5,11 +5,13 @@ every rule is cheap to test (and :mod:`crossbar.fleet.choice` says which host)."
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 
+_VISIBLE = re.compile(rb"[\x21-\x7e]*")
 ALLOWED_EXACT = frozenset({b"/health", b"/props"})
 HOP_BY_HOP = frozenset(
     {
@@ -154,3 +156,13 @@ def upstream_headers(
     if host_header is not None:
         lines.append(b"X-Forwarded-Host: %s\r\n" % _one_line(host_header))
     return b"".join(lines)
+
+
+def printable(raw: bytes, limit: int) -> str:
+    """What a client sent, fit for one log line: bytes outside printable ASCII escaped
+    (``\\xNN``), at most ``limit`` characters, and ``...`` when cut."""
+    if _VISIBLE.fullmatch(raw):
+        text = raw.decode("ascii")
+    else:
+        text = "".join(chr(b) if 0x21 <= b <= 0x7E else f"\\x{b:02x}" for b in raw[:limit])
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,11 +6,15 @@ line, say what happened, and never echo a request or response body.
 
 from __future__ import annotations
 
+import os
+
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
+
+from crossbar.upstream.parsing import BadAnswer
 
 
 def is_cancellation(reason: BaseException | Failure) -> bool:
@@ -43,7 +47,11 @@ def describe(reason: BaseException | Failure) -> str:
     if isinstance(exc, error.ConnectionLost | error.ConnectionDone):
         return "connection lost"
     if isinstance(exc, error.ConnectError):
-        return f"cannot connect: {exc.osError or exc.__class__.__name__}"
+        return f"cannot connect: {_words(exc.osError) or _first_line(exc) or 'no reason given'}"
+    if isinstance(exc, BadAnswer):
+        return f"bad answer: {exc}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return _words(exc.errno)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -59,3 +67,16 @@ class Discard(Protocol):
 
     def connectionMade(self) -> None:
         stop_producing(self.transport)
+
+
+def _words(reason: object) -> str:
+    """The system's words for an errno (``101`` -> ``network is unreachable``)."""
+    if isinstance(reason, int):
+        return os.strerror(reason).lower()
+    return str(reason or "").strip().lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of what an exception says, without Twisted's generic prefix."""
+    lines = str(exc.args[0] if exc.args else exc).strip().splitlines()
+    return lines[0].rstrip(".").lower() if lines else ""

@@ -10,9 +10,17 @@ It follows llama.cpp 0c1e57098 as observed (``tests/integration`` runs crossbar 
 real server): a router's own answers carry ``Keep-Alive: timeout=5, max=100`` and a length,
 every error closes the connection, the completions it relays come chunked with
 ``Connection: close``, ``/v1/models`` gives ``meta`` for loaded models only, and an unloaded
-model stays listed as ``loaded`` until its process has exited (``unload_time``). What it does
-not copy: the real router sometimes puts several SSE events into one HTTP chunk (the
-simulator writes one event per chunk), and its token counts are not a tokenizer's.
+model stays listed as ``loaded`` until its process has exited (``unload_time``).
+
+An answer ends by itself, as a model's does when it samples its end token: ``"stop"`` after
+8 to 60 tokens, the same for the same model, prompt and ``seed`` (or temperature 0), drawn
+afresh without one.  A limit (``n_predict``, else ``max_completion_tokens``, else ``max_tokens``,
+read in that order on every completion endpoint) only cuts it shorter, with ``"length"``;
+tests that count tokens fix the length with ``chunks``.  ``usage`` and ``timings`` count
+what was sent: ``completion_tokens`` and ``predicted_n`` are the content tokens,
+``predicted_ms`` their pace.  What it does not copy: the real router sometimes puts several
+SSE events into one HTTP chunk (the simulator writes one event per chunk), and its prompt
+token counts are not a tokenizer's.
 """
 
 from crossbar.testing.simulator.host import Fault, RecordedRequest, SimulatedHost

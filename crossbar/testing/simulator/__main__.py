@@ -30,7 +30,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--host", action="append", default=[], metavar="PORT:MODELS", help="another host"
     )
     parser.add_argument("--single", action="store_true", help="single-model llama-server")
-    parser.add_argument("--chunks", type=int, default=8)
+    parser.add_argument(
+        "--chunks", type=int, help="tokens of every answer (default: 8-60, by seed and prompt)"
+    )
     parser.add_argument("--chunk-interval", type=float, default=0.05)
     parser.add_argument("--chunk-size", type=int, default=1)
     parser.add_argument("--load-time", type=float, default=2.0)

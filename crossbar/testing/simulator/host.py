@@ -1,7 +1,8 @@
 """``SimulatedHost``: one simulated llama-server, what tests build, steer and inspect.
 
 It decides every answer (which route, which model, which fault); ``replies`` says what the
-answer looks like, ``serving`` sends it, and ``models`` keeps the router's models.
+answer looks like, ``completions`` what a model generates, ``serving`` sends it, and
+``models`` keeps the router's models.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from twisted.internet.task import deferLater
 from twisted.web.server import Request
 
 from crossbar.testing.simulator import serving
+from crossbar.testing.simulator.completions import Reply
 from crossbar.testing.simulator.models import ModelTable
 from crossbar.testing.simulator.replies import (
     COMPLETIONS,
     METRICS,
     SLOTS,
     HttpError,
-    Reply,
     dumps,
     model_props,
     router_models,
@@ -58,7 +59,9 @@ class SimulatedHost:
 
     ``models`` maps model ids to ``loaded``, ``loading`` or ``unloaded``. Every setting below
     is a plain attribute that a test may change at any time; it applies from the next request
-    (``chunk_interval`` from the next token).
+    (``chunk_interval`` from the next token).  An answer ends by itself after ``chunks``
+    tokens, or with ``chunks=None`` after 8 to 60 as the seed and prompt decide (see
+    ``completions.natural_length``); a request's token limit only cuts it shorter.
     """
 
     def __init__(
@@ -66,7 +69,7 @@ class SimulatedHost:
         models: Mapping[str, str] | None = None,
         *,
         router: bool = True,
-        chunks: int = 8,
+        chunks: int | None = None,
         chunk_interval: float = 0.0,
         chunk_size: int = 1,
         load_time: float = 0.0,
@@ -83,7 +86,7 @@ class SimulatedHost:
         if not router and len(models) != 1:
             raise ValueError("a single-model host serves exactly one model")
         self.router = router
-        self.chunks = chunks  # tokens of an answer that sets no limit
+        self.chunks = chunks  # tokens of an answer before its limit; None: natural
         self.chunk_interval = chunk_interval  # seconds a token
         self.chunk_size = chunk_size  # letters a token
         self.load_time = load_time

@@ -1,21 +1,19 @@
-"""What a llama-server says, byte for byte: its JSON bodies, SSE events and error shapes.
+"""What a llama-server says, byte for byte: its JSON bodies and error shapes.
 
 Pure data, no Twisted: the shapes are what crossbar parses and what tests compare with the
-real server, so they are kept apart from how they are sent.
+real server, so they are kept apart from how they are sent.  Completions (what a model
+generates, and its SSE events) are in ``completions``.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 # llama-server's build number and short commit, as it reports them in "system_fingerprint" and
 # "build_info" (llama.cpp 0c1e57098 built from the llama-cpp-python 0.3.36 sdist says this).
 BUILD_INFO = "b1-0c1e570"
-MAX_TOKENS = 100_000
 STATUSES = ("loaded", "loading", "unloaded")
 COMPLETIONS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
 _ERROR_TYPES = {
@@ -26,9 +24,6 @@ _ERROR_TYPES = {
     501: "not_supported_error",
     503: "unavailable_error",
 }
-_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-_ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 META = {
     "vocab_type": 1,
@@ -64,12 +59,6 @@ def dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def text(start: int, size: int) -> str:
-    """Deterministic generated text: ``size`` letters starting at offset ``start``."""
-    offset = start % len(_ALPHABET)
-    return (_ALPHABET * ((offset + size) // len(_ALPHABET) + 1))[offset : offset + size]
-
-
 def error_body(status: int, message: str) -> bytes:
     """llama-server's ``{"error": ...}``; the HTTP layer's own 404 orders its keys otherwise."""
     kind = _ERROR_TYPES.get(status, "server_error")
@@ -88,139 +77,6 @@ def json_object(data: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise HttpError(400, "request body must be a JSON object")
     return body
-
-
-# -- completions --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The OpenAI-shaped pieces of one generated answer of ``tokens`` tokens."""
-
-    chat: bool
-    model: str
-    created: int
-    tokens: int
-    finish: str
-    usage: dict[str, Any]
-    timings: dict[str, float]
-    # "chatcmpl-" for text completions too: llama-server says so.
-    id: str = field(
-        default_factory=lambda: "chatcmpl-" + "".join(secrets.choice(_ID_CHARS) for _ in range(32))
-    )
-
-    @classmethod
-    def to(
-        cls,
-        body: Mapping[str, Any],
-        *,
-        chat: bool,
-        model: str,
-        created: int,
-        chunks: int,
-        pace: float,
-    ) -> Reply:
-        """The answer to a request ``body``: ``chunks`` tokens unless it sets a limit, with
-        usage and timings as llama-server counts them (``pace`` seconds a token)."""
-        n, finish = chunks, "stop"
-        for key in _TOKEN_LIMITS:
-            value = body.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                n, finish = min(value, MAX_TOKENS), "length"
-                break
-        prompt = max(1, len(json.dumps(body.get("messages", body.get("prompt", ""))).split()))
-        usage = {
-            "completion_tokens": n,
-            "prompt_tokens": prompt,
-            "total_tokens": n + prompt,
-            "prompt_tokens_details": {"cached_tokens": 0},
-        }
-        ms = max(pace, 0.001) * 1000
-        timings = {
-            "cache_n": 0,
-            "prompt_n": prompt,
-            "prompt_ms": 1.0,
-            "prompt_per_token_ms": 1.0 / prompt,
-            "prompt_per_second": 1000.0 * prompt,
-            "predicted_n": n,
-            "predicted_ms": n * ms,
-            "predicted_per_token_ms": ms,
-            "predicted_per_second": 1000 / ms,
-        }
-        return cls(chat, model, created, n, finish, usage, timings)
-
-    def whole(self, size: int) -> dict[str, Any]:
-        """The non-streamed answer, ``size`` letters a token."""
-        content = text(0, self.tokens * size)
-        if self.chat:
-            message = {"role": "assistant", "content": content}
-            choice = {"finish_reason": self.finish, "index": 0, "message": message}
-        else:
-            choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": self.finish}
-        return {
-            "choices": [choice],
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": BUILD_INFO,
-            "object": "chat.completion" if self.chat else "text_completion",
-            "usage": self.usage,
-            "id": self.id,
-            "timings": self.timings,
-        }
-
-    def events(self, size: int, with_usage: bool) -> Iterator[tuple[bool, bytes]]:
-        """(paced, bytes) for every SSE event, generated lazily: streams may be huge.
-
-        Chat chunks carry the id before the model; text completion chunks after the object,
-        and their last chunk always has the usage (``include_usage`` adds nothing). A chat
-        stream's finish chunk has the timings, unless ``include_usage`` asked for one more
-        chunk with the usage: then that one has them.
-        """
-        if self.chat:
-            role = {"role": "assistant", "content": None}
-            yield False, self._event([{"finish_reason": None, "index": 0, "delta": role}])
-        for i in range(self.tokens):
-            yield True, self._event([self._choice(None, text(i * size, size))])
-        last = [self._choice(self.finish, None)]
-        if not self.chat:
-            yield False, self._event(last, usage=self.usage, timings=self.timings)
-        elif with_usage:
-            yield False, self._event(last)
-            yield False, self._event([], usage=self.usage, timings=self.timings)
-        else:
-            yield False, self._event(last, timings=self.timings)
-        yield False, b"data: [DONE]\n\n"
-
-    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        if self.chat:
-            head = {"choices": choices, "created": self.created, "id": self.id}
-            doc = head | {
-                "model": self.model,
-                "system_fingerprint": BUILD_INFO,
-                "object": "chat.completion.chunk",
-            }
-        else:
-            doc = {
-                "choices": choices,
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": BUILD_INFO,
-                "object": "text_completion",
-            }
-            usage = extra.pop("usage", None)
-            if usage is not None:
-                doc["usage"] = usage
-            doc["id"] = self.id
-        return b"data: " + dumps(doc | extra) + b"\n\n"
-
-    def _choice(self, finish: str | None, content: str | None) -> dict[str, Any]:
-        if not self.chat:
-            return {"text": content or "", "index": 0, "logprobs": None, "finish_reason": finish}
-        return {
-            "finish_reason": finish,
-            "index": 0,
-            "delta": {} if content is None else {"content": content},
-        }
 
 
 # -- models and server info ---------------------------------------------------------------------
