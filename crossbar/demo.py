@@ -31,8 +31,10 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
         defaults=HostSettings(poll_interval=2.0),
         hosts={name: HostConfig(name, sim.url) for name, sim in sims.items()},
         routes={
-            "opencode": RouteConfig("opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b"),
-            "hermes": RouteConfig("hermes", ("gpu-c", "gpu-b"), "hermes-4-14b"),
+            "opencode": RouteConfig(
+                "opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b", list_models="merged"
+            ),
+            "hermes": RouteConfig("hermes", ("gpu-c", "gpu-b"), "hermes-4-14b", list_models="merged"),
         },
         source=DEMO_SOURCE,
     )

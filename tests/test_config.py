@@ -8,8 +8,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
-from crossbar.config import ConfigError, HostSettings, load_config, parse_duration
+from crossbar.config import ConfigError, HostSettings, load_config, parse_config, parse_duration
 
 MINIMAL = """\
 listen: 7777                # a port, or a Twisted server endpoint string
@@ -56,6 +57,9 @@ def test_example_config_in_repo_is_valid() -> None:
     example = Path(__file__).parent.parent / "crossbar.yaml"
     config = load_config(example)
     assert config.hosts["gpu-c"].url == "http://10.0.0.13:8080/llama"  # path prefix kept
+    assert {r.list_models for r in config.routes.values()} == {"merged"}
+    minimal = parse_config(yaml.safe_load(MINIMAL))
+    assert {r.list_models for r in minimal.routes.values()} == {"forwarded"}  # the default
 
 
 def test_endpoint_string_listen(tmp_path: Path) -> None:
@@ -137,6 +141,11 @@ def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
             ("    default_model", "    when_all_down: panic\n    default_model"),
             "routes.opencode-a.when_all_down",
             "must be one of fail, try_all",
+        ),
+        (
+            ("    default_model", "    list_models: all\n    default_model"),
+            "routes.opencode-a.list_models",
+            "must be one of forwarded, merged",
         ),
         (("poll_interval: 5s", "poll_interval: 5s\nmax_fails: 0"), "max_fails", "at least 1"),
         (

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from crossbar.fleet.listing import parse_models
+from crossbar.config import RouteConfig
+from crossbar.fleet import HostState
+from crossbar.fleet.listing import merged_listing, parse_models
 from tests.support import ROUTER_LISTING
 
 
@@ -86,3 +88,61 @@ def test_data_that_is_not_a_list_is_a_bad_answer(doc: object) -> None:
 def test_an_answer_that_is_not_json_is_a_bad_answer(text: bytes) -> None:
     with pytest.raises(ValueError):
         parse_models(text)
+
+
+# -- merged_listing: the one list of a route with list_models: merged ---------------------------
+
+
+def _state(
+    name: str, loaded: tuple[str, ...], known: tuple[str, ...], healthy: bool = True
+) -> HostState:
+    return HostState(name=name, url=f"http://{name}", healthy=healthy, loaded=loaded, known=known)
+
+
+ROUTE = RouteConfig("lab", ("gpu-a", "gpu-b", "gpu-c"), None, list_models="merged")
+
+
+def test_merged_listing_has_every_model_of_the_healthy_hosts_once() -> None:
+    states = {
+        "gpu-a": _state("gpu-a", ("m1",), ("m1", "m2")),
+        "gpu-b": _state("gpu-b", ("m2", "m1"), ("m1", "m2", "m3")),
+        "gpu-c": _state("gpu-c", ("m9",), ("m9",), healthy=False),  # down: not listed
+        "gpu-x": _state("gpu-x", ("mx",), ("mx",)),  # not on the route
+    }
+    listing = merged_listing(ROUTE, states, now=1_700_000_000)
+    assert listing == {
+        "object": "list",
+        "data": [
+            {
+                "id": "m1",
+                "object": "model",
+                "created": 1_700_000_000,
+                "owned_by": "gpu-a, gpu-b",
+                "status": {"value": "loaded"},
+            },
+            {
+                "id": "m2",
+                "object": "model",
+                "created": 1_700_000_000,
+                "owned_by": "gpu-b",
+                "status": {"value": "loaded"},
+            },
+            {
+                "id": "m3",
+                "object": "model",
+                "created": 1_700_000_000,
+                "owned_by": "gpu-b",
+                "status": {"value": "unloaded"},
+            },
+        ],
+    }
+
+
+def test_merged_listing_with_no_healthy_host_is_none() -> None:
+    states = {"gpu-a": _state("gpu-a", ("m1",), ("m1",), healthy=False)}
+    assert merged_listing(ROUTE, states, now=0) is None
+
+
+def test_merged_listing_of_healthy_hosts_that_know_nothing_is_empty() -> None:
+    states = {"gpu-a": _state("gpu-a", (), ())}
+    assert merged_listing(ROUTE, states, now=0) == {"object": "list", "data": []}

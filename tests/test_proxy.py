@@ -107,6 +107,7 @@ async def rig(reactor: Any) -> AsyncIterator[Rig]:
         routes={
             "lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "m1"),
             "nodefault": RouteConfig("nodefault", ("gpu-b",), None),
+            "all": RouteConfig("all", ("gpu-a", "gpu-b"), None, list_models="merged"),
         },
         defaults=HostSettings(poll_interval=60.0),
         up=("gpu-a", "gpu-b"),
@@ -161,6 +162,32 @@ async def test_a_request_that_is_not_proxied_is_logged_as_asked(
     response, _ = await call(rig, "POST", path, data=b"{}")
     assert response.code == 404
     assert rig.built.logs.matching(logged), rig.built.logs.lines
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_merged_route_lists_the_models_of_all_its_hosts(rig: Rig) -> None:
+    """list_models: merged: crossbar answers with every model of the route's healthy hosts,
+    where a forwarded listing shows only the chosen host's."""
+    response, body = await call(rig, "GET", "/all/v1/models?limit=5")
+    assert response.code == 200
+    assert header(response, "content-type") == "application/json"
+    assert header(response, "x-crossbar-host") is None  # no host answered it
+    listing = json.loads(body)
+    owners = {m["id"]: (m["owned_by"], m["status"]["value"]) for m in listing["data"]}
+    assert owners == {"m1": ("gpu-a", "loaded"), "m2": ("gpu-b", "loaded")}
+    assert rig.built.logs.matching("all - GET /v1/models 200")
+
+    _, forwarded = await call(rig, "GET", "/lab/v1/models")
+    assert [m["id"] for m in json.loads(forwarded)["data"]] == ["m1"]  # gpu-a's only
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_merged_route_with_no_healthy_host_is_503(rig: Rig) -> None:
+    rig.table.mark_down("gpu-a", "test")
+    rig.table.mark_down("gpu-b", "test")
+    response, body = await call(rig, "GET", "/all/v1/models")
+    assert response.code == 503
+    assert json.loads(body) == {"error": "no healthy host"}
 
 
 @pytest_twisted.ensureDeferred

@@ -27,6 +27,7 @@ from crossbar.config.model import SETTING_KEYS, Config, HostConfig, HostSettings
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
+_ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models"}
 
 
 class ConfigError(Exception):
@@ -145,7 +146,7 @@ def _route(
 ) -> RouteConfig:
     if name in _RESERVED_ROUTES:
         raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
-    body = r.mapping(spec, key, {"hosts", "default_model", "policy", "when_all_down"})
+    body = r.mapping(spec, key, _ROUTE_KEYS)
     members = body.get("hosts")
     if not isinstance(members, list) or not members:
         raise r.fail(f"{key}.hosts", "must be a non-empty list of host names")
@@ -161,8 +162,16 @@ def _route(
     all_down = r.one_of(
         f"{key}.when_all_down", body.get("when_all_down", "fail"), model_.WHEN_ALL_DOWN
     )
+    listing = r.one_of(
+        f"{key}.list_models", body.get("list_models", "forwarded"), model_.LIST_MODELS
+    )
     return RouteConfig(
-        name, tuple(members), model, cast(model_.Policy, policy), cast(model_.WhenAllDown, all_down)
+        name,
+        tuple(members),
+        model,
+        cast(model_.Policy, policy),
+        cast(model_.WhenAllDown, all_down),
+        cast(model_.ListModels, listing),
     )
 
 

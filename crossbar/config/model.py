@@ -15,6 +15,9 @@ Policy = Literal["priority", "round_robin", "least_busy"]
 """How a route picks among the hosts of its best group."""
 WhenAllDown = Literal["fail", "try_all"]
 """What a route does when none of its hosts is healthy."""
+ListModels = Literal["forwarded", "merged"]
+"""Who answers ``GET /<route>/v1/models``: the chosen host, or crossbar for all of them."""
+LIST_MODELS: tuple[str, ...] = get_args(ListModels)
 POLICIES: tuple[str, ...] = get_args(Policy)
 DEMO_SOURCE = "(demo)"
 """The ``source`` of the config ``--demo`` makes: no file, a simulated fleet."""
@@ -67,6 +70,7 @@ class RouteConfig:
     default_model: str | None
     policy: Policy = "priority"
     when_all_down: WhenAllDown = "fail"
+    list_models: ListModels = "forwarded"
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

@@ -1,7 +1,7 @@
 """The fleet: what crossbar knows of its hosts, how it learns it, and how it chooses."""
 
 from crossbar.fleet.choice import choose, choose_for_route, routes_down
-from crossbar.fleet.listing import parse_models
+from crossbar.fleet.listing import merged_listing, parse_models
 from crossbar.fleet.state import HealthTable, HostState
 from crossbar.fleet.traffic import Outcome, ProxyObserver, Traffic
 
@@ -13,6 +13,7 @@ __all__ = [
     "Traffic",
     "choose",
     "choose_for_route",
+    "merged_listing",
     "parse_models",
     "routes_down",
 ]

@@ -25,7 +25,14 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
 from crossbar.config import Config, HostSettings, RouteConfig
-from crossbar.fleet import HealthTable, Outcome, ProxyObserver, Traffic, choose_for_route
+from crossbar.fleet import (
+    HealthTable,
+    Outcome,
+    ProxyObserver,
+    Traffic,
+    choose_for_route,
+    merged_listing,
+)
 from crossbar.server.rewrite import (
     BODYLESS,
     NOT_RETURNED,
@@ -94,16 +101,17 @@ class Exchange:
     def start(self) -> None:
         self.request.notifyFinish().addBoth(self._ended)
         try:
-            self._prepare()
-            self._try_next()
+            if self._prepare():
+                self._try_next()
         except BadTarget as e:
             self.fail(e.status, str(e))
         except Exception:
             log.failure("crossbar: unexpected error handling a request")
             self.fail(500, "internal error")
 
-    def _prepare(self) -> None:
-        """Rules that need no upstream: route, path, body limit, model."""
+    def _prepare(self) -> bool:
+        """Rules that need no upstream: route, path, body limit, model. False when the
+        request was answered here (a route's merged model list)."""
         request = self.request
         assert request.uri is not None and request.method is not None
         self.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
@@ -115,6 +123,12 @@ class Exchange:
         self.path = target.rest
         if not allowed_path(target.rest):
             raise BadTarget(404, "not found")
+        if route.list_models == "merged" and target.rest == b"/v1/models":
+            listing = merged_listing(route, self.proxy.table.view, int(self.started))
+            if listing is None:
+                raise BadTarget(503, "no healthy host")
+            self._answer(200, listing)
+            return False
 
         body = request.content.getvalue() if request.content is not None else b""
         self.model = route.default_model
@@ -131,6 +145,7 @@ class Exchange:
         self._headers = upstream_headers(
             request.requestHeaders.getAllRawHeaders(), client, request.isSecure()
         )
+        return True
 
     def _next_host(self) -> str | None:
         route = self.route
@@ -308,10 +323,14 @@ class Exchange:
 
     def fail(self, status: int, message: str, **extra: str) -> None:
         """Answer with a JSON error."""
+        self._answer(status, {"error": message, **extra})
+
+    def _answer(self, status: int, payload: dict[str, Any]) -> None:
+        """Answer with JSON made here, not by a host."""
         if self.finished or self.client_gone:
             return
         self.finished = True
-        body = json_body({"error": message, **extra})
+        body = json_body(payload)
         request = self.request
         request.setResponseCode(status)
         request.responseHeaders = Headers(
