@@ -34,7 +34,9 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
             "opencode": RouteConfig(
                 "opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b", list_models="merged"
             ),
-            "hermes": RouteConfig("hermes", ("gpu-c", "gpu-b"), "hermes-4-14b", list_models="merged"),
+            "hermes": RouteConfig(
+                "hermes", ("gpu-c", "gpu-b"), "hermes-4-14b", list_models="merged"
+            ),
         },
         source=DEMO_SOURCE,
     )

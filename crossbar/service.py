@@ -24,6 +24,7 @@ from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, LISTEN_BACKLOG, Config, tcp_address
 from crossbar.fleet import HealthTable, HostState, Traffic
 from crossbar.fleet.poller import Poller
+from crossbar.fleet.recent import Observers, RecentTraffic
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
@@ -81,8 +82,10 @@ class Crossbar(MultiService):
         connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
         upstreams = Upstreams(reactor, config.urls, connect_timeouts, max_idle=MAX_IDLE_PER_HOST)
         self.metrics = Metrics(self.table, self.traffic)
+        self.recent = RecentTraffic(config.hosts, reactor)
+        observer = Observers(self.metrics, self.recent)
         self.proxy = ProxyResource(
-            ProxyContext(config, self.table, self.traffic, upstreams, reactor, self.metrics)
+            ProxyContext(config, self.table, self.traffic, upstreams, reactor, observer)
         )
         self.status = StatusApp(
             config,
@@ -91,6 +94,8 @@ class Crossbar(MultiService):
             self.metrics,
             reactor,
             gather_metrics=None if worker is None else lambda: self._all_metrics(worker),
+            recent=self.recent,
+            worker=worker,
         )
 
         root = RootResource(self.proxy)

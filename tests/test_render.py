@@ -11,20 +11,22 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.web.template import flattenString
 
-from crossbar.config import Config, HostConfig, RouteConfig
-from crossbar.fleet import HealthTable, HostState, choose_for_route
+from crossbar.config import DEMO_SOURCE, Config, HostConfig, RouteConfig
+from crossbar.fleet import HealthTable, HostRecent, HostState, choose_for_route
 from crossbar.pages import render
-from crossbar.pages.render import StatusPage
+from crossbar.pages.peers import WorkerInfo
+from crossbar.pages.render import About, StatusPage, duration, short_seconds
 
 T0 = 1_700_000_000.0
 T0_RFC3339 = "2023-11-14T22:13:20.000Z"
 
 
-def config(hosts: dict[str, str], *routes: RouteConfig) -> Config:
+def config(hosts: dict[str, str], *routes: RouteConfig, source: str = "lab.yaml") -> Config:
     return Config(
         listen="tcp:0",
         hosts={name: HostConfig(name, url) for name, url in hosts.items()},
         routes={route.name: route for route in routes},
+        source=source,
     )
 
 
@@ -37,14 +39,27 @@ def flatten(page: StatusPage) -> str:
 
 
 def page(
-    cfg: Config, states: dict[str, HostState], now: float, in_flight: dict[str, int] | None = None
+    cfg: Config,
+    states: dict[str, HostState],
+    now: float,
+    in_flight: dict[str, int] | None = None,
+    *,
+    recent: dict[str, HostRecent] | None = None,
+    base: str = "http://crossbar:7777",
+    about: About | None = None,
 ) -> str:
-    """The page, with each route's choice made as the status app makes it."""
+    """The page, with each route's choice made as the status app makes it; crossbar
+    started at T0 unless ``about`` says otherwise."""
     choices = {
         name: choose_for_route(route, route.default_model, states, {}, 0)
         for name, route in cfg.routes.items()
     }
-    return flatten(StatusPage(cfg, states, in_flight or {}, choices, now))
+    about = about or About("1.2.3", T0, cfg.source)
+    return flatten(
+        StatusPage(
+            cfg, states, in_flight or {}, choices, now, about=about, recent=recent or {}, base=base
+        )
+    )
 
 
 @pytest.fixture
@@ -80,8 +95,14 @@ def test_text_from_the_config_and_the_hosts_is_escaped(clock: Clock) -> None:
         '<td data-label="Last error"><span class="err">'
         "models: bad answer: &lt;script&gt;alert('x')&lt;/script&gt;</span></td>"
     ) in html
-    assert '<td data-label="Known">&lt;b&gt;bold&lt;/b&gt;, m&amp;m</td>' in html
-    assert '<td data-label="Route"><b>r&amp;d</b></td>' in html
+    assert (  # each model id one span, kept on one line by the CSS
+        '<td data-label="Known"><span class="model">&lt;b&gt;bold&lt;/b&gt;</span>, '
+        '<span class="model">m&amp;m</span></td>'
+    ) in html
+    assert (
+        '<td data-label="Route"><b>r&amp;d</b><br />'
+        "<code>http://crossbar:7777/r&amp;d/v1</code></td>"
+    ) in html
     assert '<span class="mark down">gpu&lt;1&gt;</span>' in html
     assert '<td data-label="Default model">&lt;img src=x onerror=alert(1)&gt;</td>' in html
     assert "no healthy host for: r&amp;d</p>" in html
@@ -202,17 +223,23 @@ def test_the_summary_names_the_routes_that_are_down(clock: Clock) -> None:
     states = table(cfg, clock)
     html = page(cfg, states.snapshot(), clock.seconds())
     assert (
-        '<p><span class="mark down">not ready</span> no healthy host for: lab, bee, both</p>'
-        in html
-    )
+        '<p id="summary"><span class="mark down">not ready</span>'
+        " no healthy host for: lab, bee, both</p>"
+    ) in html
 
     states.record_ok("gpu-a", loaded=[], known=[])
     html = page(cfg, states.snapshot(), clock.seconds())
-    assert '<p><span class="mark down">not ready</span> no healthy host for: bee</p>' in html
+    assert (
+        '<p id="summary"><span class="mark down">not ready</span> no healthy host for: bee</p>'
+        in html
+    )
 
     states.record_ok("gpu-b", loaded=[], known=[])
     html = page(cfg, states.snapshot(), clock.seconds())
-    assert '<p><span class="mark up">ready</span> every route has a healthy host</p>' in html
+    assert (
+        '<p id="summary"><span class="mark up">ready</span> every route has a healthy host</p>'
+        in html
+    )
 
 
 def test_rows_follow_the_table_and_the_config_in_order(clock: Clock) -> None:
@@ -226,5 +253,143 @@ def test_rows_follow_the_table_and_the_config_in_order(clock: Clock) -> None:
     assert hosts.index("<b>gpu-b</b>") < hosts.index("<b>gpu-a</b>")
     assert routes.index("<b>z</b>") < routes.index("<b>a</b>")
     assert hosts.count("<tr>") == 3 and routes.count("<tr>") == 3  # a heading row, then one each
-    assert hosts.count('<td data-label="In flight" class="num">0</td></tr>') == 1  # gpu-b
-    assert hosts.count('<td data-label="In flight" class="num">7</td></tr>') == 1  # gpu-a
+    assert hosts.count('<td data-label="In flight" class="num">0</td>') == 1  # gpu-b
+    assert hosts.count('<td data-label="In flight" class="num">7</td>') == 1  # gpu-a
+
+
+# -- the header: which crossbar, how long up, which config --------------------------------------
+
+
+def test_the_header_says_version_uptime_and_config_file(clock: Clock) -> None:
+    clock.advance(3 * 3600 + 12 * 60 + 59)
+    html = page(config({}), {}, clock.seconds())
+    assert '<h1>crossbar <small class="muted">1.2.3</small></h1>' in html
+    assert (
+        f'<p id="about" class="muted">up <span title="{T0_RFC3339}">3 h 12 min</span>'
+        " \u00b7 config <code>lab.yaml</code></p>"
+    ) in html
+    assert 'id="demo"' not in html and "simulated" not in html
+
+    html = page(config({}, source="/etc/<x>&y.yaml"), {}, clock.seconds())
+    assert "config <code>/etc/&lt;x&gt;&amp;y.yaml</code>" in html
+
+
+def test_a_demo_says_so_in_a_banner(clock: Clock) -> None:
+    html = page(config({}, source=DEMO_SOURCE), {}, clock.seconds())
+    assert "config <code>(demo)</code>" in html
+    assert (
+        '<p id="demo" class="banner">Demo: the fleet is simulated (<code>--demo</code>),\n'
+        "no GPU; its answers are made up.</p>"
+    ) in html
+
+
+@pytest.mark.parametrize(
+    ("worker", "shown"),
+    [
+        (None, None),
+        (WorkerInfo(0, 1, "/run"), None),  # one worker is no news
+        (WorkerInfo(2, 4, "/run"), "worker 2 of 4"),
+    ],
+)
+def test_the_worker_is_named_when_there_are_several(
+    clock: Clock, worker: WorkerInfo | None, shown: str | None
+) -> None:
+    about = About("1.2.3", T0, "lab.yaml", worker)
+    html = page(config({}), {}, clock.seconds(), about=about)
+    header = html.split('<p id="about"')[1].split("</p>")[0]
+    if shown is None:
+        assert "worker" not in header
+    else:
+        assert header.endswith(f">{shown}</span>")
+        assert 'title="workers are numbered from 0; each has its own table and counts"' in header
+
+
+# -- routes: base URL, policy, where a request goes and whether its model is loaded -------------
+
+
+def test_each_route_has_its_base_url_from_the_host_the_reader_used(clock: Clock) -> None:
+    cfg = config({"gpu-a": "http://a"}, RouteConfig("lab", ("gpu-a",), None))
+    html = page(cfg, {}, clock.seconds(), base="http://10.1.2.3:7777")
+    assert (
+        '<td data-label="Route"><b>lab</b><br /><code>http://10.1.2.3:7777/lab/v1</code></td>'
+    ) in html
+
+    hostile = 'http://x"><script>alert(1)</script>'  # a Host header is the client's to write
+    html = page(cfg, {}, clock.seconds(), base=hostile)
+    assert "<script" not in html
+    assert '<code>http://x"&gt;&lt;script&gt;alert(1)&lt;/script&gt;/lab/v1</code>' in html
+
+
+def test_each_route_shows_its_policy(clock: Clock) -> None:
+    cfg = config(
+        {"gpu-a": "http://a"},
+        RouteConfig("p", ("gpu-a",), None),
+        RouteConfig("rr", ("gpu-a",), None, policy="round_robin", when_all_down="try_all"),
+        RouteConfig("lb", ("gpu-a",), None, policy="least_busy"),
+    )
+    html = page(cfg, {}, clock.seconds())
+    assert '<td data-label="Policy">priority</td>' in html
+    assert '<td data-label="Policy">round_robin; try all when down</td>' in html
+    assert '<td data-label="Policy">least_busy</td>' in html
+
+
+def test_goes_to_now_names_the_model_and_whether_it_is_loaded(clock: Clock) -> None:
+    cfg = config(
+        {"gpu-a": "http://a", "gpu-b": "http://b"},
+        RouteConfig("loaded", ("gpu-a", "gpu-b"), "m1"),
+        RouteConfig("known", ("gpu-a", "gpu-b"), "m2"),
+        RouteConfig("nowhere", ("gpu-a",), "<m9>"),
+    )
+    states = table(cfg, clock)
+    states.record_ok("gpu-a", loaded=["m0"], known=["m0", "m1"])
+    states.record_ok("gpu-b", loaded=["m1"], known=["m1", "m2"])
+    goes_to = page(cfg, states.snapshot(), clock.seconds()).split('<table id="routes">')[1]
+
+    assert (  # loaded on gpu-b beats known on gpu-a, the first in the route's order
+        '<td data-label="Goes to now"><b>gpu-b</b> <span class="muted">(m1 loaded)</span></td>'
+    ) in goes_to
+    assert (
+        '<td data-label="Goes to now"><b>gpu-b</b> '
+        '<span class="muted">(knows m2; would load it)</span></td>'
+    ) in goes_to
+    assert (
+        '<td data-label="Goes to now"><b>gpu-a</b> '
+        '<span class="err">(no healthy host lists &lt;m9&gt;)</span></td>'
+    ) in goes_to
+
+
+# -- hosts: the last five minutes ---------------------------------------------------------------
+
+
+def test_each_host_shows_its_last_five_minutes(clock: Clock) -> None:
+    cfg = config({"gpu-a": "http://a", "gpu-b": "http://b", "gpu-c": "http://c"})
+    recent = {"gpu-a": HostRecent(1234, 0, 0.042), "gpu-b": HostRecent(7, 3, 12.0)}
+    html = page(cfg, table(cfg, clock).snapshot(), clock.seconds(), recent=recent)
+    a, b, c = html.split('<table id="hosts">')[1].split("<tbody>")[1].split("</tr>")[:3]
+
+    assert a.endswith(
+        '<td data-label="Requests, 5 min" class="num">1234</td>'
+        '<td data-label="Errors, 5 min" class="num">0</td>'
+        '<td data-label="First byte p50, 5 min" class="num">42 ms</td>'
+    )
+    assert b.endswith(
+        '<td data-label="Requests, 5 min" class="num">7</td>'
+        '<td data-label="Errors, 5 min" class="num"><span class="err">3</span></td>'
+        '<td data-label="First byte p50, 5 min" class="num">12 s</td>'
+    )
+    assert c.endswith(  # no traffic at all
+        '<td data-label="Requests, 5 min" class="num">0</td>'
+        '<td data-label="Errors, 5 min" class="num">0</td>'
+        '<td data-label="First byte p50, 5 min" class="num"><span class="muted">none</span></td>'
+    )
+    assert "errors (answers of status 500 or more)" in html
+    assert "first byte are over the last 5 min." in html
+
+
+def test_durations_and_times_to_first_byte_in_words() -> None:
+    spans = [-1, 59.9, 60, 3599, 3600, 3 * 3600 + 12 * 60 + 59, 2 * 86400 + 5 * 3600 + 59 * 60]
+    words = ["0 s", "59 s", "1 min", "59 min", "1 h 0 min", "3 h 12 min", "2 d 5 h"]
+    assert [duration(span) for span in spans] == words
+    times = [0.00001, 0.00045, 0.0015, 0.042, 0.42, 1.5, 12.0, 120.0, 9900.0]
+    words = ["0.01 ms", "0.45 ms", "1.5 ms", "42 ms", "420 ms", "1.5 s", "12 s", "120 s", "9900 s"]
+    assert [short_seconds(time) for time in times] == words

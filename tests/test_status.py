@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -17,12 +17,15 @@ import pytest_twisted
 import treq
 from treq.client import HTTPClient
 from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
 
-from crossbar.config import Config, HostSettings, RouteConfig, parse_config
-from crossbar.fleet import HealthTable
-from crossbar.pages.app import StatusApp
+from crossbar import __version__
+from crossbar.config import DEMO_SOURCE, Config, HostSettings, RouteConfig, parse_config
+from crossbar.fleet import HealthTable, Outcome, RecentTraffic
+from crossbar.pages.app import StatusApp, base_url
 from crossbar.pages.metrics import Metrics
+from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.render import ago
 from crossbar.service import Crossbar
 from crossbar.testing import Rig, SimulatedHost
@@ -38,13 +41,16 @@ SCRIPT = "<script>document.title='owned'</script>"
 
 class PageRows(HTMLParser):
     """The status page as data: for each table id, one ``{column label: cell text}`` per row;
-    each ``<meta>`` with a ``name`` or ``http-equiv``, as ``{that: content}``."""
+    each ``<meta>`` with a ``name`` or ``http-equiv``, as ``{that: content}``; the text of
+    each other element that has an id (a paragraph), as ``{id: text}``."""
 
     def __init__(self, page: str) -> None:
         super().__init__()
         self.tables: dict[str, list[dict[str, str]]] = {}
         self.metas: dict[str, str | None] = {}
         self.title = ""
+        self.texts: dict[str, str] = {}
+        self._said: tuple[str, str, list[str]] | None = None  # (id, tag, text) being read
         self._table: str | None = None
         self._row: dict[str, str] | None = None
         self._label: str | None = None
@@ -54,6 +60,9 @@ class PageRows(HTMLParser):
         self.close()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element_id = dict(attrs).get("id")
+        if element_id and tag != "table":
+            self._said = (element_id, tag, [])
         if tag == "table":
             self._table = dict(attrs).get("id") or ""
             self.tables[self._table] = []
@@ -72,6 +81,10 @@ class PageRows(HTMLParser):
                 self.metas[key] = found.get("content")
 
     def handle_endtag(self, tag: str) -> None:
+        if self._said is not None and tag == self._said[1]:
+            element_id, _, text = self._said
+            self.texts[element_id] = " ".join("".join(text).split())
+            self._said = None
         if tag == "td" and self._row is not None and self._label is not None:
             self._row[self._label] = " ".join("".join(self._text).split())
             self._label = None
@@ -85,6 +98,8 @@ class PageRows(HTMLParser):
             self._in_title = False
 
     def handle_data(self, data: str) -> None:
+        if self._said is not None:
+            self._said[2].append(data)
         if self._label is not None:
             self._text.append(data)
         if self._in_title:
@@ -102,15 +117,21 @@ def header(response: Any, name: str) -> str | None:
     return values[0] if values else None
 
 
-def lab_config(hosts: dict[str, str], routes: dict[str, Any]) -> Config:
+def lab_config(hosts: dict[str, str], routes: dict[str, Any], source: str = "lab.yaml") -> Config:
     return parse_config(
         {
             "listen": "tcp:0:interface=127.0.0.1",
             "poll_interval": "60s",
             "hosts": hosts,
             "routes": routes,
-        }
+        },
+        source,
     )
+
+
+def status_app(config: Config, table: HealthTable, proxy: FakeProxy, clock: Clock) -> StatusApp:
+    recent = RecentTraffic(config.hosts, clock)
+    return StatusApp(config, table, proxy, Metrics(table, proxy), clock, recent=recent)
 
 
 # -- in memory ----------------------------------------------------------------------------------
@@ -118,12 +139,14 @@ def lab_config(hosts: dict[str, str], routes: dict[str, Any]) -> Config:
 
 @attrs.define
 class Desk:
-    """A status app over a hand-driven table and clock, served by StubTreq."""
+    """A status app over a hand-driven table and clock, served by StubTreq (whose
+    requests say ``Host: crossbar``). It started at T0."""
 
     table: HealthTable
     proxy: FakeProxy
     clock: Clock
     http: StubTreq
+    recent: RecentTraffic
 
     async def get(self, path: str, method: str = "GET") -> tuple[Any, bytes]:
         response = await self.http.request(method, "http://crossbar" + path)
@@ -143,12 +166,12 @@ def desk() -> Desk:
     clock = Clock()
     clock.advance(T0)
     table = HealthTable({n: h.url for n, h in config.hosts.items()}, clock)
+    proxy = FakeProxy(in_flight={"gpu-a": 2, "gpu-b": 0, "gpu-c": 0})
+    app = status_app(config, table, proxy, clock)
     table.record_ok("gpu-a", loaded=["m1"], known=["m2", "m1"])
     table.record_failure("gpu-b", "health: HTTP 500")
     clock.advance(3.6)
-    proxy = FakeProxy(in_flight={"gpu-a": 2, "gpu-b": 0, "gpu-c": 0})
-    app = StatusApp(config, table, proxy, Metrics(table, proxy), clock)
-    return Desk(table, proxy, clock, StubTreq(app.resource()))
+    return Desk(table, proxy, clock, StubTreq(app.resource()), app.recent)
 
 
 @pytest_twisted.ensureDeferred
@@ -157,6 +180,10 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
     assert response.code == 200
     assert header(response, "content-type") == "application/json"
     assert json.loads(body) == {
+        "version": __version__,
+        "uptime_seconds": 3.6,
+        "config": "lab.yaml",
+        "worker": None,
         "hosts": {
             "gpu-a": {
                 "url": "http://10.0.0.1:8080",
@@ -168,6 +195,12 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "last_err": "",
                 "consecutive": 1,
                 "in_flight": 2,
+                "recent": {
+                    "window_seconds": 300,
+                    "requests": 0,
+                    "errors": 0,
+                    "ttfb_p50_seconds": None,
+                },
             },
             "gpu-b": {
                 "url": "http://10.0.0.2:8080",
@@ -179,6 +212,12 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "last_err": "health: HTTP 500",
                 "consecutive": 0,
                 "in_flight": 0,
+                "recent": {
+                    "window_seconds": 300,
+                    "requests": 0,
+                    "errors": 0,
+                    "ttfb_p50_seconds": None,
+                },
             },
             "gpu-c": {
                 "url": "http://c",
@@ -190,13 +229,42 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "last_err": "",
                 "consecutive": 0,
                 "in_flight": 0,
+                "recent": {
+                    "window_seconds": 300,
+                    "requests": 0,
+                    "errors": 0,
+                    "ttfb_p50_seconds": None,
+                },
             },
         },
         "routes": {
-            # gpu-b comes first but is down; gpu-a knows m2
-            "lab": {"hosts": ["gpu-b", "gpu-a"], "default_model": "m2", "choice": "gpu-a"},
-            "bee": {"hosts": ["gpu-b"], "default_model": None, "choice": None},
-            "any": {"hosts": ["gpu-c", "gpu-a"], "default_model": None, "choice": "gpu-a"},
+            "lab": {
+                "base_url": "http://crossbar/lab/v1",
+                "hosts": ["gpu-b", "gpu-a"],
+                "policy": "priority",
+                "when_all_down": "fail",
+                "default_model": "m2",
+                "choice": "gpu-a",  # gpu-b comes first but is down
+                "choice_model": "known",  # gpu-a knows m2: a request would load it
+            },
+            "bee": {
+                "base_url": "http://crossbar/bee/v1",
+                "hosts": ["gpu-b"],
+                "policy": "priority",
+                "when_all_down": "fail",
+                "default_model": None,
+                "choice": None,
+                "choice_model": None,
+            },
+            "any": {
+                "base_url": "http://crossbar/any/v1",
+                "hosts": ["gpu-c", "gpu-a"],
+                "policy": "priority",
+                "when_all_down": "fail",
+                "default_model": None,
+                "choice": "gpu-a",
+                "choice_model": None,  # no default model to name
+            },
         },
     }
 
@@ -252,7 +320,7 @@ async def test_choice_is_the_proxys_first_pick_under_every_policy() -> None:
     table.record_ok("gpu-b", loaded=[], known=[])
     table.record_ok("gpu-b", loaded=[], known=[])
     proxy = FakeProxy(in_flight={"gpu-a": 3, "gpu-b": 1}, turns={"turns": 5})
-    http = StubTreq(StatusApp(config, table, proxy, Metrics(table, proxy), clock).resource())
+    http = StubTreq(status_app(config, table, proxy, clock).resource())
 
     async def choices() -> dict[str, str | None]:
         body = await treq.content(await http.get("http://crossbar/status"))
@@ -307,6 +375,9 @@ async def test_page_shows_hosts_and_routes(desk: Desk) -> None:
             "Known": "m1, m2",
             "Good polls in a row": "1",
             "In flight": "2",
+            "Requests, 5 min": "0",
+            "Errors, 5 min": "0",
+            "First byte p50, 5 min": "none",
         },
         {
             "Host": "gpu-b http://10.0.0.2:8080",
@@ -317,6 +388,9 @@ async def test_page_shows_hosts_and_routes(desk: Desk) -> None:
             "Known": "none",
             "Good polls in a row": "0",
             "In flight": "0",
+            "Requests, 5 min": "0",
+            "Errors, 5 min": "0",
+            "First byte p50, 5 min": "none",
         },
         {
             "Host": "gpu-c http://c",
@@ -327,23 +401,29 @@ async def test_page_shows_hosts_and_routes(desk: Desk) -> None:
             "Known": "none",
             "Good polls in a row": "0",
             "In flight": "0",
+            "Requests, 5 min": "0",
+            "Errors, 5 min": "0",
+            "First byte p50, 5 min": "none",
         },
     ]
     assert rows["routes"] == [
         {
-            "Route": "lab",
+            "Route": "lab http://crossbar/lab/v1",
+            "Policy": "priority",
             "Hosts, in order": "gpu-b gpu-a",
             "Default model": "m2",
-            "Goes to now": "gpu-a",
+            "Goes to now": "gpu-a (knows m2; would load it)",
         },
         {
-            "Route": "bee",
+            "Route": "bee http://crossbar/bee/v1",
+            "Policy": "priority",
             "Hosts, in order": "gpu-b",
             "Default model": "none (first healthy host)",
             "Goes to now": "no healthy host",
         },
         {
-            "Route": "any",
+            "Route": "any http://crossbar/any/v1",
+            "Policy": "priority",
             "Hosts, in order": "gpu-c gpu-a",
             "Default model": "none (first healthy host)",
             "Goes to now": "gpu-a",
@@ -367,6 +447,114 @@ async def test_page_escapes_what_hosts_say(desk: Desk) -> None:
     hosts = PageRows(page).tables["hosts"]
     assert hosts[0]["Loaded"] == evil_model
     assert hosts[1]["Last error"] == f"models: bad answer: {SCRIPT}"
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_header_says_version_uptime_and_config(desk: Desk) -> None:
+    desk.clock.advance(3 * 3600 + 12 * 60 - 3.6)  # crossbar started at T0
+    _, body = await desk.get("/")
+    texts = PageRows(body.decode()).texts
+    assert texts["about"] == "up 3 h 12 min \u00b7 config lab.yaml"
+    assert "demo" not in texts
+    assert f'<small class="muted">{__version__}</small>' in body.decode()
+    assert f'<span title="{T0_RFC3339}">3 h 12 min</span>' in body.decode()
+    status = await desk.get("/status")
+    doc = json.loads(status[1])
+    assert (doc["version"], doc["uptime_seconds"], doc["config"]) == (
+        __version__,
+        11520.0,
+        "lab.yaml",
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_demo_and_a_worker_say_so() -> None:
+    config = lab_config({"gpu-a": "http://a"}, {"lab": {"hosts": ["gpu-a"]}}, DEMO_SOURCE)
+    clock = Clock()
+    table = HealthTable(config.urls, clock)
+    proxy = FakeProxy(in_flight={"gpu-a": 0})
+    recent = RecentTraffic(config.hosts, clock)
+    worker = WorkerInfo(1, 3, "/run/crossbar")
+    app = StatusApp(
+        config, table, proxy, Metrics(table, proxy), clock, recent=recent, worker=worker
+    )
+    http = StubTreq(app.resource())
+
+    texts = PageRows((await treq.content(await http.get("http://crossbar/"))).decode()).texts
+    assert (
+        texts["demo"] == "Demo: the fleet is simulated (--demo), no GPU; its answers are made up."
+    )
+    assert texts["about"] == "up 0 s \u00b7 config (demo) \u00b7 worker 1 of 3"
+    doc = json.loads(await treq.content(await http.get("http://crossbar/status")))
+    assert (doc["config"], doc["worker"]) == ("(demo)", {"index": 1, "count": 3})
+
+
+@pytest_twisted.ensureDeferred
+async def test_base_urls_use_the_host_the_reader_reached(desk: Desk) -> None:
+    response = await desk.http.get("http://gpu-box:7777/status")
+    routes = json.loads(await treq.content(response))["routes"]
+    assert routes["lab"]["base_url"] == "http://gpu-box:7777/lab/v1"
+    response = await desk.http.get("http://gpu-box:7777/")
+    rows = PageRows((await treq.content(response)).decode()).tables["routes"]
+    assert rows[1]["Route"] == "bee http://gpu-box:7777/bee/v1"
+
+
+@attrs.define
+class BareRequest:
+    """What :func:`base_url` reads of a request: its Host header and the local address."""
+
+    host: bytes | None
+    local: Any
+
+    def getHeader(self, name: bytes) -> bytes | None:
+        return self.host if name == b"host" else None
+
+    def getHost(self) -> Any:
+        return self.local
+
+
+@pytest.mark.parametrize(
+    ("host", "local", "url"),
+    [
+        (b"gpu-box:7777", IPv4Address("TCP", "10.0.0.9", 7777), "http://gpu-box:7777"),
+        (None, IPv4Address("TCP", "10.0.0.9", 7777), "http://10.0.0.9:7777"),  # HTTP/1.0
+        (b"", IPv4Address("TCP", "10.0.0.9", 80), "http://10.0.0.9"),
+        (None, IPv6Address("TCP", "fd00::9", 7777), "http://[fd00::9]:7777"),
+    ],
+)
+def test_base_url(host: bytes | None, local: Any, url: str) -> None:
+    assert base_url(cast(Any, BareRequest(host, local))) == url
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_host_shows_its_last_five_minutes(desk: Desk) -> None:
+    for status, first_byte in ((200, 0.25), (200, 0.25), (200, 4.0), (502, None)):
+        desk.recent.request_done(Outcome("lab", "gpu-a", status, 5.0, first_byte, 10, "m2"))
+    desk.recent.request_done(Outcome("bee", "gpu-b", 503, 0.1, 0.002, 10, None))
+
+    doc = json.loads((await desk.get("/status"))[1])
+    assert doc["hosts"]["gpu-a"]["recent"] == {
+        "window_seconds": 300,
+        "requests": 4,
+        "errors": 1,
+        "ttfb_p50_seconds": 0.25,
+    }
+    assert doc["hosts"]["gpu-b"]["recent"]["ttfb_p50_seconds"] == 0.002
+    hosts = PageRows((await desk.get("/"))[1].decode()).tables["hosts"]
+    seen = [
+        (row["Requests, 5 min"], row["Errors, 5 min"], row["First byte p50, 5 min"])
+        for row in hosts
+    ]
+    assert seen == [("4", "1", "250 ms"), ("1", "1", "2.0 ms"), ("0", "0", "none")]
+
+    desk.clock.advance(300)
+    _, body = await desk.get("/status/gpu-a")
+    assert json.loads(body)["recent"] == {
+        "window_seconds": 300,
+        "requests": 0,
+        "errors": 0,
+        "ttfb_p50_seconds": None,
+    }
 
 
 @pytest_twisted.ensureDeferred
@@ -463,10 +651,33 @@ async def test_every_endpoint_end_to_end(fleet: Fleet) -> None:
     assert a["last_ok"].endswith("Z") and a["last_err"] == "" and a["in_flight"] == 0
     assert (b["state"], b["healthy"], b["last_ok"]) == ("down", False, None)
     assert b["last_err"] == "health: HTTP 500"
+    base = fleet.rig.base  # the Host header the client sent: 127.0.0.1 and the port
     assert status["routes"] == {
-        "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m1", "choice": "gpu-a"},
-        "spare": {"hosts": ["gpu-b"], "default_model": None, "choice": None},
+        "lab": {
+            "base_url": f"{base}/lab/v1",
+            "hosts": ["gpu-a", "gpu-b"],
+            "policy": "priority",
+            "when_all_down": "fail",
+            "default_model": "m1",
+            "choice": "gpu-a",
+            "choice_model": "loaded",
+        },
+        "spare": {
+            "base_url": f"{base}/spare/v1",
+            "hosts": ["gpu-b"],
+            "policy": "priority",
+            "when_all_down": "fail",
+            "default_model": None,
+            "choice": None,
+            "choice_model": None,
+        },
     }
+    assert (status["version"], status["config"], status["worker"]) == (
+        __version__,
+        "crossbar.yaml",
+        None,
+    )
+    assert 0 <= status["uptime_seconds"] < 60
     assert await fleet.get_json("/status/gpu-b") == b
 
     response, body = await fleet.get("/readyz")
@@ -495,6 +706,36 @@ async def test_every_endpoint_end_to_end(fleet: Fleet) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_real_requests_reach_the_last_five_minutes_and_the_metrics(fleet: Fleet) -> None:
+    """The proxy has one observer slot: both the window and the metrics must see each request."""
+    chat = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(2):
+        response, _ = await fleet.rig.post("/lab/v1/chat/completions", chat)
+        assert response.code == 200
+    fleet.hosts["gpu-a"].fault = "error"
+    response, _ = await fleet.rig.post("/lab/v1/chat/completions", chat)
+    assert response.code == 500
+    fleet.hosts["gpu-a"].fault = None
+    response, _ = await fleet.rig.post("/spare/v1/chat/completions", chat)
+    assert response.code == 503  # no host was tried: nobody's error
+
+    recent = (await fleet.get_json("/status/gpu-a"))["recent"]
+    assert (recent["requests"], recent["errors"]) == (3, 1)
+    assert 0 < recent["ttfb_p50_seconds"] < 2
+    assert (await fleet.get_json("/status/gpu-b"))["recent"]["requests"] == 0
+    _, body = await fleet.get("/")
+    row = PageRows(body.decode()).tables["hosts"][0]
+    assert (row["Host"].split()[0], row["Requests, 5 min"], row["Errors, 5 min"]) == (
+        "gpu-a",
+        "3",
+        "1",
+    )
+    assert row["First byte p50, 5 min"].endswith(("ms", " s"))
+    _, metrics = await fleet.get("/metrics")
+    assert 'crossbar_requests_total{code="500",host="gpu-a",route="lab"} 1.0' in metrics.decode()
+
+
+@pytest_twisted.ensureDeferred
 async def test_readyz_flips_when_the_last_healthy_host_of_a_route_goes_down(fleet: Fleet) -> None:
     fleet.hosts["gpu-b"].fault = None
     await fleet.poll_until("gpu-b", healthy=True)
@@ -520,8 +761,9 @@ CHROMIUM = next(
 )
 
 
-def dump_dom(url: str, profile: Path) -> str:
-    """The page as headless Chromium rendered it (blocking: run it in a thread)."""
+def chromium(url: str, profile: Path, *args: str) -> bytes:
+    """Run headless Chromium on ``url`` with ``args``; its stdout (blocking: run it in a
+    thread)."""
     assert CHROMIUM is not None
     result = subprocess.run(
         [
@@ -535,8 +777,7 @@ def dump_dom(url: str, profile: Path) -> str:
             "--disable-component-update",
             "--disable-sync",
             f"--user-data-dir={profile}",
-            "--window-size=390,844",  # a phone
-            "--dump-dom",
+            *args,
             url,
         ],
         capture_output=True,
@@ -544,7 +785,23 @@ def dump_dom(url: str, profile: Path) -> str:
         check=False,
     )
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
-    return result.stdout.decode()
+    return result.stdout
+
+
+def dump_dom(url: str, profile: Path) -> str:
+    """The page as headless Chromium rendered it on a phone."""
+    return chromium(url, profile, "--window-size=390,844", "--dump-dom").decode()
+
+
+def screenshot(url: str, profile: Path, png: Path) -> None:
+    """The page as headless Chromium paints it on a laptop's screen."""
+    chromium(url, profile, f"--screenshot={png}", "--window-size=1200,900")
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's header (its IHDR chunk comes first)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", png[:16]
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
 
 
 @pytest.mark.skipif(
@@ -555,16 +812,32 @@ def dump_dom(url: str, profile: Path) -> str:
 async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     from twisted.internet.threads import deferToThread
 
+    chat = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(3):
+        response, _ = await fleet.rig.post("/lab/v1/chat/completions", chat)
+        assert response.code == 200
     # Error text is untrusted: in a real browser it must stay text and never run.
     fleet.crossbar.table.record_failure("gpu-b", f"health: {SCRIPT}")
-    dom = await deferToThread(dump_dom, fleet.base + "/", tmp_path / "profile")
+    url = fleet.base + "/"
+    dom = await deferToThread(dump_dom, url, tmp_path / "profile")
     page = PageRows(dom)
     assert page.title == "crossbar status"
+    assert page.texts["about"].startswith("up ")
     hosts = {row["Host"].split()[0]: row for row in page.tables["hosts"]}
     assert set(hosts) == {"gpu-a", "gpu-b"}
     assert hosts["gpu-a"]["State"] == "\u25cf up"
     assert hosts["gpu-a"]["Loaded"] == "m1"
+    assert hosts["gpu-a"]["Requests, 5 min"] == "3"
     assert hosts["gpu-b"]["State"] == "\u25bc down"
     assert hosts["gpu-b"]["Last error"] == f"health: {SCRIPT}"
     routes = {row["Route"]: row["Goes to now"] for row in page.tables["routes"]}
-    assert routes == {"lab": "gpu-a", "spare": "no healthy host"}
+    assert routes == {
+        f"lab {fleet.rig.base}/lab/v1": "gpu-a (m1 loaded)",
+        f"spare {fleet.rig.base}/spare/v1": "no healthy host",
+    }
+
+    png = tmp_path / "status.png"
+    await deferToThread(screenshot, url, tmp_path / "profile", png)
+    data = png.read_bytes()
+    assert png_size(data) == (1200, 900)
+    assert len(data) > 30_000, f"{len(data)} bytes: is the page blank?"

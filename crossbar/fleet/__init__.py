@@ -2,14 +2,18 @@
 
 from crossbar.fleet.choice import choose, choose_for_route, routes_down
 from crossbar.fleet.listing import merged_listing, parse_models
+from crossbar.fleet.recent import HostRecent, Observers, RecentTraffic
 from crossbar.fleet.state import HealthTable, HostState
 from crossbar.fleet.traffic import Outcome, ProxyObserver, Traffic
 
 __all__ = [
     "HealthTable",
+    "HostRecent",
     "HostState",
+    "Observers",
     "Outcome",
     "ProxyObserver",
+    "RecentTraffic",
     "Traffic",
     "choose",
     "choose_for_route",

@@ -2,8 +2,9 @@
 
 A thin Klein app that only reads: the config names hosts and routes, the health
 table says what each host is doing, the traffic counters say how many requests each
-carries, and :func:`crossbar.fleet.choose_for_route` says where a route sends traffic
-right now (the same rule the proxy applies, so the page cannot disagree with it).
+carries, the recent traffic what each did in the last five minutes, and
+:func:`crossbar.fleet.choose_for_route` says where a route sends traffic right now (the
+same rule the proxy applies, so the page cannot disagree with it).
 """
 
 from __future__ import annotations
@@ -20,10 +21,20 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from crossbar.config import Config
-from crossbar.fleet import HealthTable, HostState, Traffic, choose_for_route, routes_down
+from crossbar import __version__
+from crossbar.config import Config, RouteConfig
+from crossbar.fleet import (
+    HealthTable,
+    HostState,
+    RecentTraffic,
+    Traffic,
+    choose_for_route,
+    routes_down,
+)
+from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
-from crossbar.pages.render import StatusPage, rfc3339
+from crossbar.pages.peers import WorkerInfo
+from crossbar.pages.render import About, StatusPage, model_on, rfc3339
 
 
 class StatusApp:
@@ -39,6 +50,9 @@ class StatusApp:
         metrics: Metrics,
         clock: IReactorTime,
         gather_metrics: Callable[[], Deferred[bytes]] | None = None,
+        *,
+        recent: RecentTraffic,
+        worker: WorkerInfo | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -47,6 +61,9 @@ class StatusApp:
         self.clock = clock
         self.gather_metrics = gather_metrics
         """With several workers: every worker's metrics, labelled by worker."""
+        self.recent = recent
+        self.about = About(__version__, clock.seconds(), config.source, worker)
+        """Built with the service, so ``started`` is when this crossbar started."""
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -57,6 +74,13 @@ class StatusApp:
         doc = state.to_json()
         doc["last_ok"] = rfc3339(state.last_ok)
         doc["in_flight"] = self.traffic.in_flight.get(state.name, 0)
+        recent = self.recent.host(state.name)
+        doc["recent"] = {
+            "window_seconds": WINDOW_SECONDS,
+            "requests": recent.requests,
+            "errors": recent.errors,
+            "ttfb_p50_seconds": recent.ttfb_p50,
+        }
         return doc
 
     def choices(self, states: Mapping[str, HostState]) -> dict[str, str | None]:
@@ -70,17 +94,22 @@ class StatusApp:
             )
         return found
 
-    def status_json(self) -> dict[str, Any]:
+    def status_json(self, base: str) -> dict[str, Any]:
+        """Everything the page shows; ``base`` as for :class:`StatusPage`. A route's
+        ``choice_model`` is how its choice holds the default model (see :func:`model_on`)."""
         states = self.table.snapshot()
         choices = self.choices(states)
+        about = self.about
+        now = self.clock.seconds()
+        worker = about.worker
         return {
+            "version": about.version,
+            "uptime_seconds": round(now - about.started, 3),
+            "config": about.source,
+            "worker": None if worker is None else {"index": worker.index, "count": worker.count},
             "hosts": {name: self.host_json(state) for name, state in states.items()},
             "routes": {
-                name: {
-                    "hosts": list(route.hosts),
-                    "default_model": route.default_model,
-                    "choice": choices[name],
-                }
+                name: _route_json(route, choices[name], states, base)
                 for name, route in self.config.routes.items()
             },
         }
@@ -96,12 +125,19 @@ class StatusApp:
         states = self.table.snapshot()
         in_flight = dict(self.traffic.in_flight)  # flattened after this returns
         return StatusPage(
-            self.config, states, in_flight, self.choices(states), self.clock.seconds()
+            self.config,
+            states,
+            in_flight,
+            self.choices(states),
+            self.clock.seconds(),
+            about=self.about,
+            recent=self.recent.hosts(),
+            base=base_url(request),
         )
 
     @app.route("/status", methods=["GET"])
     def status(self, request: IRequest) -> bytes:
-        return _json(request, self.status_json())
+        return _json(request, self.status_json(base_url(request)))
 
     @app.route("/status/<host>", methods=["GET"])
     def host_status(self, request: IRequest, host: str) -> bytes:
@@ -140,6 +176,36 @@ class StatusApp:
         request.setResponseCode(405)
         request.setHeader(b"allow", b"GET, HEAD")
         return _json(request, {"error": "method not allowed"})
+
+
+def _route_json(
+    route: RouteConfig, choice: str | None, states: Mapping[str, HostState], base: str
+) -> dict[str, Any]:
+    chosen = None if choice is None else states.get(choice)
+    return {
+        "base_url": f"{base}/{route.name}/v1",
+        "hosts": list(route.hosts),
+        "policy": route.policy,
+        "when_all_down": route.when_all_down,
+        "default_model": route.default_model,
+        "choice": choice,
+        "choice_model": model_on(chosen, route.default_model),
+    }
+
+
+def base_url(request: IRequest) -> str:
+    """crossbar's URL as the reader reached it: the Host header the browser sent (an
+    agent on that machine reaches crossbar the same way), else the address the
+    connection came in on. Shown as text, escaped like any other."""
+    host: bytes | None = request.getHeader(b"host")
+    if host:
+        return f"http://{host.decode('latin-1')}"
+    address: Any = request.getHost()
+    where = str(getattr(address, "host", "localhost"))
+    port = getattr(address, "port", None)
+    if ":" in where:  # IPv6
+        where = f"[{where}]"
+    return f"http://{where}" if port in (None, 80) else f"http://{where}:{port}"
 
 
 def _no_store(request: IRequest) -> None:

@@ -1,9 +1,10 @@
 """The status page for people: one HTML page, rendered from the same views the JSON
 status is made of.
 
-It is a :mod:`twisted.web.template` element, so every value from the config or from a
-host (names, URLs, model ids, error text) reaches the page only through the flattener,
-which escapes it for where it lands, text or attribute: nothing here writes HTML by hand.
+It is a :mod:`twisted.web.template` element, so every value from the config, from a
+host or from the request (names, URLs, model ids, error text, the Host header) reaches
+the page only through the flattener, which escapes it for where it lands, text or
+attribute: nothing here writes HTML by hand.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
+import attrs
 from twisted.web.iweb import IRequest
 from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer, tags
 
-from crossbar.config import Config, RouteConfig
-from crossbar.fleet import HostState, routes_down
+from crossbar.config import DEMO_SOURCE, Config, RouteConfig
+from crossbar.fleet import HostRecent, HostState, routes_down
+from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.peers import WorkerInfo
 
 REFRESH_SECONDS = 5
 
@@ -27,16 +31,61 @@ def rfc3339(epoch: float | None) -> str | None:
     return moment.replace("+00:00", "Z")
 
 
+_UNITS = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))
+
+
 def ago(seconds: float) -> str:
     """A short, rounded-down age: ``"3 s ago"``, ``"4 min ago"``, ``"2 h ago"``, ``"5 d ago"``."""
     s = max(0, int(seconds))
-    if s < 60:
-        return f"{s} s ago"
+    size, name = next((u for u in _UNITS if s >= u[0]), _UNITS[-1])
+    return f"{s // size} {name} ago"
+
+
+def duration(seconds: float) -> str:
+    """A rounded-down span in its two largest units: ``"42 s"``, ``"12 min"``,
+    ``"3 h 12 min"``, ``"2 d 5 h"``; an uptime read at a glance needs no more."""
+    s = max(0, int(seconds))
     if s < 3600:
-        return f"{s // 60} min ago"
-    if s < 86400:
-        return f"{s // 3600} h ago"
-    return f"{s // 86400} d ago"
+        return ago(s)[: -len(" ago")]
+    big, name = _UNITS[0] if s >= 86400 else _UNITS[1]
+    small, small_name = _UNITS[1] if s >= 86400 else _UNITS[2]
+    return f"{s // big} {name} {s % big // small} {small_name}"
+
+
+def short_seconds(seconds: float) -> str:
+    """A time to first byte as a person reads it: ``"0.45 ms"``, ``"42 ms"``, ``"1.5 s"``,
+    ``"120 s"``; the value is already rounded to two significant digits."""
+    if seconds < 0.001:
+        return f"{seconds * 1000:.2f} ms"
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s"
+
+
+def model_on(state: HostState | None, model: str | None) -> str | None:
+    """How the host a route chose holds the route's default model: ``"loaded"``,
+    ``"known"`` (it would load it first), ``"not listed"``, or ``None`` (no model, no host)."""
+    if state is None or model is None:
+        return None
+    if model in state.loaded:
+        return "loaded"
+    return "known" if model in state.known else "not listed"
+
+
+@attrs.frozen
+class About:
+    """Which crossbar this is: what the page's header says."""
+
+    version: str
+    started: float
+    source: str
+    """The config file, or ``(demo)``."""
+    worker: WorkerInfo | None = None
+    """With ``workers: N``, the worker that answered: its table and counts are its own."""
 
 
 # Inside <style> an HTML parser takes text raw, while the flattener escapes "<", ">" and
@@ -44,8 +93,10 @@ def ago(seconds: float) -> str:
 _STYLE = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem;color:#222}
 h1{font-size:1.3rem;margin:0}
+h1 small{font-weight:400}
 h2{font-size:1.1rem;margin:1.5rem 0 .5rem}
 p{margin:.3rem 0}
+code{font-size:.9em;overflow-wrap:anywhere}
 table{border-collapse:collapse;width:100%}
 th,td{text-align:left;vertical-align:top;padding:.35rem .5rem;border-bottom:1px solid #ddd}
 th{background:#f3f3f3;font-weight:600}
@@ -53,9 +104,11 @@ th{background:#f3f3f3;font-weight:600}
 .up{background:#d7f2dc;color:#145a24}
 .down{background:#fbe0df;color:#a11a1a}
 .unknown{background:#e8e8e8;color:#444}
+.banner{background:#fff3c4;border:1px solid #e2c25b;border-radius:.4rem;padding:.4rem .7rem}
 .err{color:#a11a1a;overflow-wrap:anywhere}
 .muted{color:#777}
 .num{text-align:right}
+.model{white-space:nowrap}
 @media (max-width:720px){
 thead{display:none}
 table,tbody,tr,td{display:block;width:auto}
@@ -63,11 +116,12 @@ tr{border:1px solid #ddd;border-radius:.4rem;margin:0 0 .75rem;padding:.3rem 0}
 td{border:0;padding:.15rem .6rem}
 td.num{text-align:left}
 td::before{content:attr(data-label) ": ";font-weight:600;color:#555}
+.model{white-space:normal}
 }
 """
 
-# The page's fixed shape. Renderers (t:render) fill in rows and the summary; slots
-# (t:slot) take single values. The doctype is written by whoever flattens the page
+# The page's fixed shape. Renderers (t:render) fill in rows, the header and the summary;
+# slots (t:slot) take single values. The doctype is written by whoever flattens the page
 # (Klein's renderElement writes ``<!DOCTYPE html>``).
 _TEMPLATE = XMLString(
     """\
@@ -80,14 +134,21 @@ _TEMPLATE = XMLString(
 <style><t:slot name="style" /></style>
 </head>
 <body>
-<h1>crossbar</h1>
-<p t:render="summary" />
+<h1>crossbar <small class="muted"><t:slot name="version" /></small></h1>
+<p id="about" class="muted" t:render="intro" />
+<p id="demo" class="banner" t:render="demo">Demo: the fleet is simulated (<code>--demo</code>),
+no GPU; its answers are made up.</p>
+<p id="summary" t:render="summary" />
 <p class="muted">As of <t:slot name="now" />; this page reloads every <t:slot
 name="refresh" /> s.</p>
 <h2>Hosts</h2>
+<p class="muted">Requests, errors (answers of status 500 or more) and the median time to
+first byte are over the last <t:slot name="window" /> min.</p>
 <table id="hosts">
 <thead><tr><th>Host</th><th>State</th><th>Last good poll</th><th>Last error</th><th>Loaded</th>
-<th>Known</th><th class="num">Good polls in a row</th><th class="num">In flight</th></tr></thead>
+<th>Known</th><th class="num">Good polls in a row</th><th class="num">In flight</th>
+<th class="num">Requests</th><th class="num">Errors</th><th class="num">First byte
+p50</th></tr></thead>
 <tbody>
 <tr t:render="host"><td data-label="Host"><b><t:slot name="name" /></b><br /><small
 class="muted"><t:slot name="url" /></small></td><td data-label="State"><t:slot
@@ -95,15 +156,19 @@ name="state" /></td><td data-label="Last good poll"><t:slot name="last_ok" /></t
 data-label="Last error"><t:slot name="error" /></td><td data-label="Loaded"><t:slot
 name="loaded" /></td><td data-label="Known"><t:slot name="known" /></td><td
 data-label="Good polls in a row" class="num"><t:slot name="consecutive" /></td><td
-data-label="In flight" class="num"><t:slot name="in_flight" /></td></tr>
+data-label="In flight" class="num"><t:slot name="in_flight" /></td><td
+data-label="Requests, 5 min" class="num"><t:slot name="requests" /></td><td
+data-label="Errors, 5 min" class="num"><t:slot name="errors" /></td><td
+data-label="First byte p50, 5 min" class="num"><t:slot name="ttfb" /></td></tr>
 </tbody>
 </table>
 <h2>Routes</h2>
 <table id="routes">
-<thead><tr><th>Route</th><th>Hosts, in order</th><th>Default model</th><th>Goes to now</th></tr>
-</thead>
+<thead><tr><th>Route and its base URL for agents</th><th>Policy</th><th>Hosts, in order</th>
+<th>Default model</th><th>Goes to now</th></tr></thead>
 <tbody>
-<tr t:render="route"><td data-label="Route"><b><t:slot name="name" /></b></td><td
+<tr t:render="route"><td data-label="Route"><b><t:slot name="name" /></b><br /><code><t:slot
+name="base_url" /></code></td><td data-label="Policy"><t:slot name="policy" /></td><td
 data-label="Hosts, in order"><t:slot name="members" /></td><td
 data-label="Default model"><t:slot name="model" /></td><td
 data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
@@ -132,6 +197,14 @@ def _names(names: Sequence[str]) -> Flattenable:
     return ", ".join(names) if names else _muted("none")
 
 
+def _models(names: Sequence[str]) -> Flattenable:
+    """Model ids, each kept on one line: a browser would break ``qwen3-coder-30b`` at a
+    hyphen, and a reader would see two models."""
+    if not names:
+        return _muted("none")
+    return _joined(", ", (tags.span(name, class_="model") for name in names))
+
+
 def _joined(separator: str, items: Iterable[Flattenable]) -> list[Flattenable]:
     """``separator.join`` for tags: the separator is text between them."""
     out: list[Flattenable] = []
@@ -140,32 +213,54 @@ def _joined(separator: str, items: Iterable[Flattenable]) -> list[Flattenable]:
     return out
 
 
+def _when(epoch: float, text: str) -> Tag:
+    """A time in words, with the exact time on hover."""
+    return tags.span(text, title=rfc3339(epoch) or "")
+
+
+@attrs.define(slots=False, eq=False)
 class StatusPage(Element):
-    """The whole status page, from one snapshot taken when the request came in."""
+    """The whole status page, from one snapshot taken when the request came in;
+    ``base`` is crossbar's own URL as the reader reached it, e.g. ``http://gpu-box:7777``."""
 
     loader = _TEMPLATE
 
-    def __init__(
-        self,
-        config: Config,
-        states: Mapping[str, HostState],
-        in_flight: Mapping[str, int],
-        choices: Mapping[str, str | None],
-        now: float,
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.states = states
-        self.in_flight = in_flight
-        self.choices = choices
-        self.now = now
+    config: Config
+    states: Mapping[str, HostState]
+    in_flight: Mapping[str, int]
+    choices: Mapping[str, str | None]
+    now: float
+    about: About = attrs.field(kw_only=True)
+    recent: Mapping[str, HostRecent] = attrs.field(kw_only=True)
+    base: str = attrs.field(kw_only=True)
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
         """What more than one part of the page, or the fixed CSS, needs."""
         return tag.fillSlots(
-            refresh=str(REFRESH_SECONDS), style=_STYLE, now=rfc3339(self.now) or ""
+            refresh=str(REFRESH_SECONDS),
+            style=_STYLE,
+            now=rfc3339(self.now) or "",
+            version=self.about.version,
+            window=str(WINDOW_SECONDS // 60),
         )
+
+    @renderer
+    def intro(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        """Up how long, from which config, and which worker answered."""
+        about = self.about
+        up = _when(about.started, duration(self.now - about.started))
+        parts: list[Flattenable] = [["up ", up], ["config ", tags.code(about.source)]]
+        worker = about.worker
+        if worker is not None and worker.count > 1:
+            note = "workers are numbered from 0; each has its own table and counts"
+            parts.append(tags.span(f"worker {worker.index} of {worker.count}", title=note))
+        return tag(_joined(" \u00b7 ", parts))
+
+    @renderer
+    def demo(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        """The banner, on a demo only: nobody should take its answers for a model's."""
+        return tag if self.config.source == DEMO_SOURCE else ""
 
     @renderer
     def summary(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -190,41 +285,62 @@ class StatusPage(Element):
         return _joined("\n", rows)
 
     def _host_cells(self, name: str, state: HostState) -> dict[str, Flattenable]:
+        recent = self.recent.get(name, HostRecent())
+        p50 = recent.ttfb_p50
         return {
             "name": state.name,
             "url": state.url,
             "state": _mark(state.state),
             "last_ok": self._last_ok(state),
             "error": tags.span(state.last_err, class_="err") if state.last_err else "",
-            "loaded": _names(state.loaded),
-            "known": _names(state.known),
+            "loaded": _models(state.loaded),
+            "known": _models(state.known),
             "consecutive": str(state.consecutive),
             "in_flight": str(self.in_flight.get(name, 0)),
+            "requests": str(recent.requests),
+            "errors": tags.span(str(recent.errors), class_="err") if recent.errors else "0",
+            "ttfb": _muted("none") if p50 is None else short_seconds(p50),
         }
 
     def _route_cells(self, name: str, route: RouteConfig) -> dict[str, Flattenable]:
         model = route.default_model
+        policy = route.policy + ("; try all when down" if route.when_all_down == "try_all" else "")
         return {
             "name": route.name,
+            "base_url": f"{self.base}/{route.name}/v1",
+            "policy": policy,
             "members": _joined(" ", (self._member(host) for host in route.hosts)),
             "model": _muted("none (first healthy host)") if model is None else model,
-            "goes_to": self._goes_to(self.choices.get(name)),
+            "goes_to": self._goes_to(self.choices.get(name), model),
         }
 
     def _last_ok(self, state: HostState) -> Flattenable:
         if state.last_ok is None:
             return _muted("never")
-        return tags.span(ago(self.now - state.last_ok), title=rfc3339(state.last_ok) or "")
+        return _when(state.last_ok, ago(self.now - state.last_ok))
 
     def _member(self, host: str) -> Tag:
         """One of a route's hosts, coloured by its state."""
         state = self.states[host].state if host in self.states else "unknown"
         return tags.span(host, class_=f"mark {state}")
 
-    def _goes_to(self, choice: str | None) -> Flattenable:
-        """Where the route sends a request now; ``try_all`` may pick a host that is down."""
+    def _goes_to(self, choice: str | None, model: str | None) -> Flattenable:
+        """Where the route sends a request for its default model now, and whether that
+        host has the model loaded; ``try_all`` may pick a host that is down."""
         if choice is None:
             return tags.span("no healthy host", class_="err")
-        if choice in self.states and self.states[choice].healthy:
-            return tags.b(choice)
-        return [tags.b(choice), " ", tags.span("(none healthy; tried anyway)", class_="err")]
+        state = self.states.get(choice)
+        if state is None or not state.healthy:
+            return [tags.b(choice), " ", tags.span("(none healthy; tried anyway)", class_="err")]
+        held = model_on(state, model)
+        if held == "loaded":
+            return [tags.b(choice), " ", _muted(f"({model} loaded)")]
+        if held == "known":
+            return [tags.b(choice), " ", _muted(f"(knows {model}; would load it)")]
+        if held == "not listed":
+            return [
+                tags.b(choice),
+                " ",
+                tags.span(f"(no healthy host lists {model})", class_="err"),
+            ]
+        return tags.b(choice)

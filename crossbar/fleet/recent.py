@@ -1,0 +1,131 @@
+"""Each host's last five minutes: requests, errors and the median time to first byte.
+
+The lifetime counters are in the metrics; an admin glancing at the status page wants
+*now*. So each host has a ring of 30 buckets of 10 s, fed by every proxied request
+(:class:`RecentTraffic` is a :class:`~crossbar.fleet.ProxyObserver`). Memory is fixed
+per host whatever the traffic: the ring never grows, and the times to first byte are
+counted in a histogram whose bins are the values of two significant digits (10 us to
+9900 s), so the median read from it is exact at the two digits the page shows.
+Recording costs a dict lookup, a bisect and three increments; the median is found
+only when a page asks. Pure: no I/O, the time comes from a clock.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect
+from collections.abc import Iterable
+from itertools import pairwise
+
+import attrs
+
+from crossbar.fleet.state import Clock
+from crossbar.fleet.traffic import Outcome, ProxyObserver
+
+WINDOW_SECONDS = 300
+BUCKET_SECONDS = 10
+BUCKETS = WINDOW_SECONDS // BUCKET_SECONDS
+
+GRID: tuple[float, ...] = tuple(
+    float(f"{mantissa}e{exponent}") for exponent in range(-6, 3) for mantissa in range(10, 100)
+)
+"""The values a time to first byte is rounded to: two significant digits, 1.0e-5 to 9.9e3 s."""
+_NEVER = -(1 << 62)
+"""The tick of a bucket never written: outside every window."""
+_EDGES = tuple((low + high) / 2 for low, high in pairwise(GRID))
+"""Between two neighbours of the grid: ``bisect`` on these rounds to the nearer one."""
+
+
+@attrs.frozen
+class HostRecent:
+    """What one host did in the window."""
+
+    requests: int = 0
+    errors: int = 0
+    """Answers of status 500 or more: the host's own, or the 502/504 crossbar gave when
+    it failed. A 499 is the client leaving, not the host failing."""
+    ttfb_p50: float | None = None
+    """Median seconds to the host's status line (two significant digits); ``None``
+    when no request in the window got one."""
+
+
+class _Bucket:
+    __slots__ = ("errors", "requests", "tick", "ttfb")
+
+    def __init__(self) -> None:
+        self.tick = _NEVER
+        self.requests = 0
+        self.errors = 0
+        self.ttfb: list[int] = []
+
+    def reset(self, tick: int) -> None:
+        self.tick = tick
+        self.requests = self.errors = 0
+        self.ttfb = [0] * len(GRID)
+
+
+class RecentTraffic:
+    """Rolling per-host counts over the last :data:`WINDOW_SECONDS` (to the 10 s)."""
+
+    def __init__(self, hosts: Iterable[str], clock: Clock) -> None:
+        self._clock = clock
+        # Fixed at start: an outcome naming any other host (or none) adds nothing.
+        self._rings = {name: [_Bucket() for _ in range(BUCKETS)] for name in hosts}
+
+    def request_done(self, outcome: Outcome) -> None:
+        """Count one ended request; on every request's path, so nothing here sorts."""
+        ring = self._rings.get(outcome.host) if outcome.host is not None else None
+        if ring is None:
+            return
+        tick = int(self._clock.seconds() // BUCKET_SECONDS)
+        bucket = ring[tick % BUCKETS]
+        if bucket.tick != tick:
+            bucket.reset(tick)
+        bucket.requests += 1
+        if outcome.status >= 500:
+            bucket.errors += 1
+        if outcome.first_byte is not None:
+            bucket.ttfb[bisect(_EDGES, outcome.first_byte)] += 1
+
+    def host(self, name: str) -> HostRecent:
+        """One host's window as of now; an unknown host did nothing."""
+        ring = self._rings.get(name)
+        if ring is None:
+            return HostRecent()
+        now = int(self._clock.seconds() // BUCKET_SECONDS)
+        live = [b for b in ring if now - BUCKETS < b.tick <= now]
+        if not live:
+            return HostRecent()
+        counts = [sum(column) for column in zip(*(b.ttfb for b in live), strict=True)]
+        return HostRecent(
+            requests=sum(b.requests for b in live),
+            errors=sum(b.errors for b in live),
+            ttfb_p50=_median(counts),
+        )
+
+    def hosts(self) -> dict[str, HostRecent]:
+        """Every host's window as of now, in the order the hosts were given."""
+        return {name: self.host(name) for name in self._rings}
+
+
+def _median(counts: list[int]) -> float | None:
+    """The nearest-rank median of a histogram over :data:`GRID`: the lower of two middles."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = (total + 1) // 2, 0
+    for value, count in zip(GRID, counts, strict=True):
+        seen += count
+        if seen >= rank:
+            return value
+    raise AssertionError("unreachable: the counts sum to total")
+
+
+class Observers:
+    """Several observers behind the proxy's one observer slot, each told in turn."""
+
+    def __init__(self, *observers: ProxyObserver) -> None:
+        self._calls = tuple(observer.request_done for observer in observers)
+
+    def request_done(self, outcome: Outcome) -> None:
+        for call in self._calls:
+            call(outcome)
