@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 
 import pytest
+from OpenSSL import SSL
 from twisted.internet import defer, error
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
@@ -40,6 +41,17 @@ from crossbar.upstream.parsing import BadAnswer
             "answer cut off (bad answer: bad chunk size)",
         ),
         (ValueError("line one\nline two"), "ValueError: line one"),
+        (
+            SSL.Error([("SSL routines", "", "certificate verify failed")]),
+            "TLS: certificate verify failed",
+        ),
+        (
+            ResponseNeverReceived(
+                [Failure(SSL.Error([("SSL routines", "", "wrong version number")]))]
+            ),
+            "closed before answering (TLS: wrong version number)",
+        ),
+        (SSL.Error([]), "TLS: handshake failed"),
     ],
 )
 def test_failures_are_described_in_words_on_one_line(exc: BaseException, words: str) -> None:

@@ -265,11 +265,15 @@ class Exchange:
             return
         host = self.host
         assert host is not None
-        why = describe(reason)
+        timed_out = bool(reason.check(error.TimeoutError))
+        if timed_out:
+            why = f"cannot connect: timed out after {self.proxy.settings[host].connect_timeout:g}s"
+        else:
+            why = describe(reason)
         table = self.proxy.table
         table.request_failed(host, why)
         if reason.check(*_RETRYABLE):
-            self._try_next(why, timed_out=bool(reason.check(error.TimeoutError)))
+            self._try_next(why, timed_out=timed_out)
             return
         log.warn("host {host} failed before answering: {why}", host=host, why=why)
         self.fail(502, "upstream failed", host=host)

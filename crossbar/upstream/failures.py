@@ -50,6 +50,8 @@ def describe(reason: BaseException | Failure) -> str:
         return f"cannot connect: {_words(exc.osError) or _first_line(exc) or 'no reason given'}"
     if isinstance(exc, BadAnswer):
         return f"bad answer: {exc}"
+    if exc is not None and type(exc).__module__.startswith("OpenSSL"):
+        return f"TLS: {_tls_reason(exc)}"
     if isinstance(exc, OSError) and exc.errno is not None:
         return _words(exc.errno)
     text = str(exc).strip().splitlines()
@@ -80,3 +82,11 @@ def _first_line(exc: BaseException) -> str:
     """The first line of what an exception says, without Twisted's generic prefix."""
     lines = str(exc.args[0] if exc.args else exc).strip().splitlines()
     return lines[0].rstrip(".").lower() if lines else ""
+
+
+def _tls_reason(exc: BaseException) -> str:
+    """pyOpenSSL's errors are lists of ``(library, function, reason)``: the last reason
+    says it (``certificate verify failed``)."""
+    errors = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+    reasons = [e[-1] for e in errors if isinstance(e, tuple) and e and e[-1]]
+    return str(reasons[-1]).lower() if reasons else "handshake failed"

@@ -52,6 +52,10 @@ class ConnectionTracker(WrappingFactory):
     noisy = False
     protocol = _Connection
 
+    def logPrefix(self) -> str:
+        """Twisted logs "<prefix> starting on <port>" for every port: say what it is."""
+        return "simulated llama-server"
+
     def __init__(self, site: Site, on_lost: Callable[[], None]) -> None:
         super().__init__(site)
         self.on_lost = on_lost
