@@ -13,14 +13,19 @@ each use below against the new release's source.
   deadline starts only between requests);
 - ``Request._disconnected``: the client has gone (writes would be dropped);
 - ``HTTPConnectionPool._factory`` and ``twisted.web.client._HTTP11ClientFactory``: a
-  pool that does not log two lines for every connection the poller opens.
+  pool that does not log two lines for every connection the poller opens;
+- ``twisted.scripts._twistd_unix.UnixAppLogger._getLogObserver``: the log observer twistd
+  makes from its options (``--logfile``, ``--syslog``, ``-n``), so that crossbar can filter
+  what reaches it without taking those options over.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet import tcp
+from twisted.logger import ILogObserver, LegacyLogObserverWrapper
 from twisted.web import http
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 
@@ -99,3 +104,16 @@ class QuietPool(HTTPConnectionPool):
     """A pool that does not log two lines for every upstream connection."""
 
     _factory = _QuietClientFactory
+
+
+# -- twistd's log ---------------------------------------------------------------------------
+
+
+def twistd_log_observer(options: Mapping[str, Any]) -> ILogObserver:
+    """The observer twistd would log to, given twistd's own options."""
+    from twisted.scripts._twistd_unix import UnixAppLogger
+
+    observer: Any = UnixAppLogger(options)._getLogObserver()
+    if ILogObserver.providedBy(observer):
+        return observer  # type: ignore[no-any-return]
+    return LegacyLogObserverWrapper(observer)  # syslog's is an old-style observer

@@ -116,7 +116,7 @@ class Crossbar(MultiService):
             admin.putChild(b"_crossbar", status_root)
             private = Listener(
                 TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
-                Site(admin, timeout=30, parsePOSTFormSubmission=False),
+                Site(admin, internal=True, timeout=30, parsePOSTFormSubmission=False),
             )
             private.setServiceParent(self)
             private.listening.addCallback(publish_port, worker.port_file(worker.index))

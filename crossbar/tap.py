@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import attrs
-from twisted.application.service import IService, MultiService
+from twisted.application.service import IService, IServiceCollection, MultiService
+from twisted.logger import FilteringLogObserver, ILogObserver
 from twisted.python import usage
+from twisted.python.components import Componentized
 
+from crossbar._twisted import twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen
-from crossbar.server.listening import CannotListen
+from crossbar.server.listening import CannotListen, not_an_internal_start
 
 
 class Options(usage.Options):
@@ -53,9 +56,19 @@ def makeService(options: Options) -> IService:
     except ConfigError as e:
         _fail(str(e), 2)  # one line naming file, key and problem; never a traceback
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
+    log = _log_observer(options)
     if config.workers == 1:
-        return _OneLineErrors(Crossbar(config, reactor))
-    return _OneLineErrors(_with_workers(config, options["config"], reactor))
+        return _OneLineErrors(Crossbar(config, reactor), log)
+    return _OneLineErrors(_with_workers(config, options["config"], reactor), log)
+
+
+def _log_observer(options: Options) -> ILogObserver | None:
+    """twistd's own log observer (as its --logfile, --syslog and -n say), without the lines
+    of crossbar's internal ports; ``None`` when not run by twistd."""
+    parent = getattr(options, "parent", None)
+    if parent is None:
+        return None
+    return FilteringLogObserver(twistd_log_observer(parent), [not_an_internal_start])
 
 
 def _listen(value: str | None) -> str | None:
@@ -74,11 +87,22 @@ def _fail(message: str, code: int) -> NoReturn:
 
 class _OneLineErrors(MultiService):
     """Under twistd: a port that cannot be opened stops start-up with one line and a
-    non-zero exit code, not twistd's traceback."""
+    non-zero exit code, not twistd's traceback; and the log goes through ``log``."""
 
-    def __init__(self, service: IService) -> None:
+    def __init__(self, service: IService, log: ILogObserver | None) -> None:
         super().__init__()
         service.setServiceParent(self)
+        self._log = log
+
+    def setServiceParent(self, parent: IServiceCollection) -> None:
+        super().setServiceParent(parent)
+        # twistd logs to the application's ILogObserver when it has one.
+        if (
+            self._log is not None
+            and isinstance(parent, Componentized)
+            and parent.getComponent(ILogObserver, None) is None
+        ):
+            parent.setComponent(ILogObserver, self._log)
 
     def startService(self) -> None:
         try:

@@ -14,9 +14,16 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, c
 from twisted.internet.error import CannotListenError, ConnectionRefusedError
 from twisted.internet.interfaces import IAddress, IListeningPort, IReactorTCP
 from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.logger import FilteringLogObserver, PredicateResult
 from twisted.python.failure import Failure
 
-from crossbar.server.listening import CannotListen, Listener, ReusePortEndpoint
+from crossbar.server.listening import (
+    INTERNAL_LISTENER,
+    CannotListen,
+    Listener,
+    ReusePortEndpoint,
+    not_an_internal_start,
+)
 
 
 class Greet(Protocol):
@@ -179,3 +186,26 @@ async def test_an_ipv6_interface_can_be_shared(reactor: IReactorTCP) -> None:
         assert port.getHost().host == "::1"  # type: ignore[attr-defined]
     finally:
         await close(port)
+
+
+# -- the log filter for internal ports ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        (f"{INTERNAL_LISTENER} starting on 41639", False),
+        ("crossbar starting on 7777", True),
+        ("lab gpu-a POST /v1/chat/completions 200 12ms", True),
+    ],
+)
+def test_only_the_start_of_an_internal_port_is_left_out_of_the_log(
+    message: str, kept: bool
+) -> None:
+    seen: list[str] = []
+    observer = FilteringLogObserver(lambda e: seen.append(e["message"][0]), [not_an_internal_start])
+    observer({"message": (message,), "log_time": 0.0})
+    assert seen == ([message] if kept else [])
+    assert not_an_internal_start({"log_format": "{request}", "request": message}) is (
+        PredicateResult.maybe
+    )

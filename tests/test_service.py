@@ -96,6 +96,33 @@ def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path, port: i
     assert "simulated" not in out
 
 
+def test_a_log_file_given_to_twistd_gets_the_log(tmp_path: Path, port: int) -> None:
+    """crossbar filters twistd's log but leaves its options alone: --logfile still works."""
+    (tmp_path / "crossbar.yaml").write_text(
+        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
+        "poll_interval: 1h\n"
+        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n"
+    )
+    proc = subprocess.Popen(
+        [TWISTD, "-n", "--pidfile=", "--logfile=crossbar.log", "crossbar", "-c", "crossbar.yaml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_port(port, proc)
+        get(f"http://127.0.0.1:{port}/lab/v1/models")
+    finally:
+        code, out = stop(proc)
+    assert code == 0, out
+    log = (tmp_path / "crossbar.log").read_text()
+    assert f"route lab: http://127.0.0.1:{port}/lab/v1" in log
+    assert "lab - GET /v1/models 503" in log
+    assert "lab - GET" not in out
+
+
 def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path, port: int) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -144,6 +171,9 @@ def test_demo_fleet_routes_by_model(tmp_path: Path, port: int) -> None:
         code, out = stop(proc)
     assert code == 0, out
     assert "the fleet is simulated (--demo)" in out
+    # Only the port agents use is announced; the simulated hosts' ports are crossbar's own.
+    assert out.count(" starting on ") == 1, out
+    assert f"crossbar starting on {port}" in out
     assert f"route opencode: http://127.0.0.1:{port}/opencode/v1 -> hosts gpu-a, gpu-b;" in out
 
 

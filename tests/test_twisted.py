@@ -17,6 +17,7 @@ import select
 import socket
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import requires, version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ from crossbar._twisted import (
     direct,
     handling_request,
     request_line,
+    twistd_log_observer,
     write_now,
 )
 from tests.support import RecordingProducer
@@ -379,3 +381,11 @@ def test_setup_cfg_pins_twisted_to_the_range_checked() -> None:
     low = next(p for p in pinned if p.startswith(">="))[2:]
     high = next(p for p in pinned if p.startswith("<"))[1:]
     assert tuple(int(n) for n in low.split(".")) <= running < (int(high),), version("twisted")
+
+
+def test_twistd_s_own_observer_is_what_its_options_say(tmp_path: Path) -> None:
+    """With --logfile, twistd's observer writes there (crossbar filters it, nothing more)."""
+    path = tmp_path / "crossbar.log"
+    observer = twistd_log_observer({"logfile": str(path), "nodaemon": True})
+    observer({"log_format": "{line}", "line": "hello", "log_time": 0.0, "log_system": "-"})
+    assert "hello" in path.read_text()

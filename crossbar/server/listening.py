@@ -13,10 +13,31 @@ from twisted.internet.interfaces import (
     IProtocolFactory,
     IStreamServerEndpoint,
 )
+from twisted.logger import ILogFilterPredicate, LogEvent, PredicateResult
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from crossbar.config import tcp_address
+
+INTERNAL_LISTENER = "crossbar internal listener"
+"""The log prefix of ports only crossbar itself uses (a worker's metrics port, the demo's
+simulated hosts). Twisted logs "<prefix> starting on <port>" for every port it opens;
+:func:`not_an_internal_start` keeps those lines out of crossbar's log."""
+
+
+@implementer(ILogFilterPredicate)
+class _NotAnInternalStart:
+    """A log filter: drop the "starting on" line of an internal port, keep all else.
+    On every log line's path, so it only looks at what such a line carries."""
+
+    def __call__(self, event: LogEvent) -> Any:
+        message = event.get("message")
+        if message and isinstance(message[0], str) and message[0].startswith(INTERNAL_LISTENER):
+            return PredicateResult.no
+        return PredicateResult.maybe
+
+
+not_an_internal_start = _NotAnInternalStart()
 
 
 class CannotListen(Exception):

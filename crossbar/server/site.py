@@ -16,6 +16,7 @@ from twisted.web import http, server
 from twisted.web.resource import IResource
 
 from crossbar._twisted import client_gone, direct, handling_request, request_line, write_now
+from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.rewrite import json_body
 from crossbar.server.timers import stop
 
@@ -200,9 +201,19 @@ class Site(server.Site):
     protocol = Channel  # type: ignore[assignment]  # plain HTTP/1.1, no HTTP/2 upgrade
     header_deadline = HEADER_DEADLINE
 
-    def __init__(self, resource: IResource, proxy: IResource | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        resource: IResource,
+        proxy: IResource | None = None,
+        internal: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(resource, **kwargs)
         self.proxy = proxy
+        self._prefix = INTERNAL_LISTENER if internal else "crossbar"
+
+    def logPrefix(self) -> str:
+        return self._prefix
 
     def log(self, request: Any) -> None:
         pass

@@ -20,6 +20,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
+from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.testing.simulator.replies import COMPLETIONS, HttpError, error_body, json_object
 
 JSON = b"application/json; charset=utf-8"
@@ -53,8 +54,8 @@ class ConnectionTracker(WrappingFactory):
     protocol = _Connection
 
     def logPrefix(self) -> str:
-        """Twisted logs "<prefix> starting on <port>" for every port: say what it is."""
-        return "simulated llama-server"
+        """Crossbar's log leaves out the "starting on" line of a port with this prefix."""
+        return INTERNAL_LISTENER
 
     def __init__(self, site: Site, on_lost: Callable[[], None]) -> None:
         super().__init__(site)
