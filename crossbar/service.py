@@ -22,9 +22,9 @@ from twisted.web.resource import Resource
 
 from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, LISTEN_BACKLOG, Config, tcp_address
-from crossbar.fleet import HealthTable, HostState, Traffic
+from crossbar.fleet import HealthTable, HostState, Observers, Traffic
 from crossbar.fleet.poller import Poller
-from crossbar.fleet.recent import Observers, RecentTraffic
+from crossbar.fleet.recent import RecentTraffic
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port

@@ -58,8 +58,8 @@ def makeService(options: Options) -> IService:
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
     log = _log_observer(options)
     if config.workers == 1:
-        return _OneLineErrors(Crossbar(config, reactor), log)
-    return _OneLineErrors(_with_workers(config, options["config"], reactor), log)
+        return _OneLineErrors(log, Crossbar(config, reactor))
+    return _OneLineErrors(log, *_with_workers(config, options["config"], reactor))
 
 
 def _log_observer(options: Options) -> ILogObserver | None:
@@ -89,9 +89,10 @@ class _OneLineErrors(MultiService):
     """Under twistd: a port that cannot be opened stops start-up with one line and a
     non-zero exit code, not twistd's traceback; and the log goes through ``log``."""
 
-    def __init__(self, service: IService, log: ILogObserver | None) -> None:
+    def __init__(self, log: ILogObserver | None, *services: IService) -> None:
         super().__init__()
-        service.setServiceParent(self)
+        for service in services:
+            service.setServiceParent(self)
         self._log = log
 
     def setServiceParent(self, parent: IServiceCollection) -> None:
@@ -111,7 +112,7 @@ class _OneLineErrors(MultiService):
             _fail(str(e), 1)
 
 
-def _with_workers(config: Config, path: str, reactor: Any) -> IService:
+def _with_workers(config: Config, path: str, reactor: Any) -> tuple[IService, IService]:
     """Worker 0 in this process, workers 1..N-1 as children sharing its port."""
     import shutil
     import tempfile
@@ -123,10 +124,9 @@ def _with_workers(config: Config, path: str, reactor: Any) -> IService:
     run_dir = tempfile.mkdtemp(prefix="crossbar-workers-")
     reactor.addSystemEventTrigger("after", "shutdown", shutil.rmtree, run_dir, True)
     info = WorkerInfo(0, config.workers, run_dir)
-    top = MultiService()
-    Crossbar(config, reactor, worker=info).setServiceParent(top)
-    WorkerProcesses(reactor, str(Path(path).resolve()), info).setServiceParent(top)
-    return top
+    return Crossbar(config, reactor, worker=info), WorkerProcesses(
+        reactor, str(Path(path).resolve()), info
+    )
 
 
 def _stop_cleanly_on_signals(reactor: Any) -> None:

@@ -165,6 +165,21 @@ async def test_a_request_that_is_not_proxied_is_logged_as_asked(
 
 
 @pytest_twisted.ensureDeferred
+async def test_requests_are_counted_by_the_model_their_body_asks_for(rig: Rig) -> None:
+    """A body naming a model counts for it, one naming none for the route's default it was
+    given; a request with no model in it (listing the models) counts for none."""
+    await call(rig, "POST", "/lab/v1/chat/completions", data=b'{"model": "m2"}')
+    await call(rig, "POST", "/lab/v1/chat/completions", data=b'{"messages": []}')
+    await call(rig, "GET", "/lab/v1/models")
+    text = rig.crossbar.metrics.render().decode()
+    counted = [line for line in text.splitlines() if line.startswith("crossbar_model_requests")]
+    assert sorted(counted) == [
+        'crossbar_model_requests_total{model="m1",route="lab"} 1.0',
+        'crossbar_model_requests_total{model="m2",route="lab"} 1.0',
+    ]
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_merged_route_lists_the_models_of_all_its_hosts(rig: Rig) -> None:
     """list_models: merged: crossbar answers with every model of the route's healthy hosts,
     where a forwarded listing shows only the chosen host's."""

@@ -19,6 +19,7 @@ from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
 from crossbar.pages.peers import WorkerInfo
+from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.workers import WorkerProcesses
 from crossbar.workers.__main__ import print_event
 from crossbar.workers.supervisor import (
@@ -239,6 +240,9 @@ def test_a_worker_prints_its_events_without_twisted_chatter(
     print_event(event("crossbar.service", LogLevel.info, "host {h} is up", h="gpu-a"))
     print_event(event("twisted.internet.defer", LogLevel.critical, "Unhandled error"))
     print_event(event("crossbar.pages", LogLevel.error, "broken", log_failure=failure))
+    # tcp.Port's own line for an internal port (legacy log.msg), as twistd's log leaves out
+    internal = f"{INTERNAL_LISTENER} starting on 40123"
+    print_event({"log_namespace": "log_legacy", "message": (internal,), "log_format": internal})
     out = capsys.readouterr().out.splitlines()
     assert out[:3] == ["host gpu-a is up", "Unhandled error", "broken"]
     assert out[-1] == "builtins.ZeroDivisionError: division by zero"

@@ -2,9 +2,9 @@
 
 from crossbar.fleet.choice import choose, choose_for_route, routes_down
 from crossbar.fleet.listing import merged_listing, parse_models
-from crossbar.fleet.recent import HostRecent, Observers, RecentTraffic
+from crossbar.fleet.recent import HostRecent, RecentTraffic
 from crossbar.fleet.state import HealthTable, HostState
-from crossbar.fleet.traffic import Outcome, ProxyObserver, Traffic
+from crossbar.fleet.traffic import Observers, Outcome, ProxyObserver, Traffic
 
 __all__ = [
     "HealthTable",

@@ -19,7 +19,7 @@ from itertools import pairwise
 import attrs
 
 from crossbar.fleet.state import Clock
-from crossbar.fleet.traffic import Outcome, ProxyObserver
+from crossbar.fleet.traffic import Outcome
 
 WINDOW_SECONDS = 300
 BUCKET_SECONDS = 10
@@ -118,14 +118,3 @@ def _median(counts: list[int]) -> float | None:
         if seen >= rank:
             return value
     raise AssertionError("unreachable: the counts sum to total")
-
-
-class Observers:
-    """Several observers behind the proxy's one observer slot, each told in turn."""
-
-    def __init__(self, *observers: ProxyObserver) -> None:
-        self._calls = tuple(observer.request_done for observer in observers)
-
-    def request_done(self, outcome: Outcome) -> None:
-        for call in self._calls:
-            call(outcome)

@@ -40,10 +40,22 @@ class Outcome:
     sent: int
     """Bytes of the host's answer body relayed to the client."""
     model: str | None = None
-    """The model the request asked for (or the route's default), if any."""
+    """The model the request's body asked for (or the route's default filled into it);
+    ``None`` for a request that asks for no model."""
 
 
 class ProxyObserver(Protocol):
     """Told of every proxied request as it ends (the metrics are one)."""
 
     def request_done(self, outcome: Outcome) -> None: ...
+
+
+class Observers:
+    """Several observers behind the proxy's one observer slot, each told in turn."""
+
+    def __init__(self, *observers: ProxyObserver) -> None:
+        self._calls = tuple(observer.request_done for observer in observers)
+
+    def request_done(self, outcome: Outcome) -> None:
+        for call in self._calls:
+            call(outcome)

@@ -62,10 +62,10 @@ class ProxyContext:
     upstreams: Upstreams
     clock: IReactorTime
     observer: ProxyObserver
-
-    @property
-    def settings(self) -> Mapping[str, HostSettings]:
-        return self.table.settings
+    settings: Mapping[str, HostSettings] = attrs.field(
+        init=False, default=attrs.Factory(lambda self: self.table.settings, takes_self=True)
+    )
+    """The table's per-host settings, read several times per request: kept at hand."""
 
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -84,6 +84,10 @@ class Exchange:
         self.tried: list[str] = []
         self.path = b"-"
         self.model: str | None = None
+        """The model the choice of host goes by: the body's, else the route's default."""
+        self.asked: str | None = None
+        """The model the request's body asks for (the route's default filled in), if it
+        is a JSON object; a GET of /v1/models asks for none."""
         self.client_gone = False
         self.finished = False
         self.first_byte: float | None = None
@@ -135,9 +139,10 @@ class Exchange:
         if body and request.method not in (b"GET", b"HEAD"):
             peek = peek_model(body)
             if peek.model is not None:
-                self.model = peek.model
+                self.model = self.asked = peek.model
             elif peek.missing and route.default_model is not None:
                 body = with_model(body, route.default_model)
+                self.asked = route.default_model
         if body or request.method not in BODYLESS:
             self._forward_body = body
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
@@ -367,7 +372,7 @@ class Exchange:
         route = self.route.name if self.route is not None else "-"
         sent = self._body.sent if self._body is not None else 0
         self.proxy.observer.request_done(
-            Outcome(route, self.host, status, seconds, self.first_byte, sent, self.model)
+            Outcome(route, self.host, status, seconds, self.first_byte, sent, self.asked)
         )
         method = printable(self.request.method or b"-", 16)
         path = printable(self.path, 200)

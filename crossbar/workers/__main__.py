@@ -11,8 +11,10 @@ import os
 import signal
 from typing import Any
 
-from twisted.logger import ILogObserver, LogLevel, eventAsText
+from twisted.logger import ILogObserver, LogLevel, PredicateResult, eventAsText
 from zope.interface import implementer
+
+from crossbar.server.listening import not_an_internal_start
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a child
@@ -61,10 +63,13 @@ def print_event(event: dict[str, Any]) -> None:
     """Print one log event, with its traceback if it has one.
 
     Twisted's own informational lines are left out, but not its warnings and errors
-    (an unhandled error in a Deferred, say).
+    (an unhandled error in a Deferred, say), and so are the "starting on" lines of
+    internal ports, as twistd's log leaves them out for worker 0.
     """
     chatter = event.get("log_level", LogLevel.info) < LogLevel.warn
     if chatter and event.get("log_namespace", "").startswith("twisted"):
+        return
+    if not_an_internal_start(event) is PredicateResult.no:
         return
     text = eventAsText(event, includeTimestamp=False, includeSystem=False).rstrip()
     if text:
