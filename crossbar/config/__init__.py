@@ -9,10 +9,13 @@ from crossbar.config.model import (
     Config,
     HostConfig,
     HostSettings,
+    Limits,
+    Network,
     Policy,
     RouteConfig,
     WhenAllDown,
 )
+from crossbar.config.secrets import Secret, mask_url, matches
 
 __all__ = [
     "DEMO_SOURCE",
@@ -23,10 +26,15 @@ __all__ = [
     "ConfigError",
     "HostConfig",
     "HostSettings",
+    "Limits",
+    "Network",
     "Policy",
     "RouteConfig",
+    "Secret",
     "WhenAllDown",
     "load_config",
+    "mask_url",
+    "matches",
     "parse_config",
     "parse_duration",
     "parse_listen",

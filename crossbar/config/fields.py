@@ -3,9 +3,12 @@ returns the checked value, or raises ``ValueError`` whose text names the problem
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 from urllib.parse import urlsplit
+
+from crossbar.config.secrets import mask_url
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -37,23 +40,29 @@ def parse_duration(value: object) -> float:
 
 
 def parse_url(value: object) -> str:
-    """Check an ``http(s)://host[:port][/path]`` base URL; return it without a trailing slash."""
+    """Check an ``http(s)://host[:port][/path]`` base URL; return it without a trailing
+    slash. A URL is only ever quoted with its password masked."""
     if not isinstance(value, str):
-        raise ValueError(f"must be a URL string, not {value!r}")
+        raise ValueError(f"must be a URL string, not {_kind(value)}")
+    shown = mask_url(value)
     try:
         parts = urlsplit(value)
         port = parts.port
     except ValueError as e:
-        raise ValueError(f"not a valid URL: {value!r} ({e})") from None
+        raise ValueError(f"not a valid URL: {shown!r} ({mask_url(str(e))})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"must be http(s)://host[:port][/path], not {value!r}")
+        raise ValueError(f"must be http(s)://host[:port][/path], not {shown!r}")
     if parts.query or parts.fragment or "?" in value or "#" in value:
-        raise ValueError(f"must have no query or fragment: {value!r}")
+        raise ValueError(f"must have no query or fragment: {shown!r}")
     if parts.username is not None or parts.password is not None:
-        raise ValueError("must not carry credentials")
+        raise ValueError(f"must not carry credentials (give the host an api_key): {shown!r}")
     if port == 0:
-        raise ValueError(f"port must be 1-65535: {value!r}")
+        raise ValueError(f"port must be 1-65535: {shown!r}")
     return value.rstrip("/")
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
 
 
 def parse_health_path(value: object) -> str:
@@ -78,6 +87,49 @@ def parse_statuses(value: object) -> frozenset[int]:
     ):
         raise ValueError(f"must be a list of HTTP status codes (100-599), not {value!r}")
     return frozenset(value)
+
+
+_SIZE = re.compile(r"(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+}
+
+
+def parse_size(value: object) -> int:
+    """Bytes from a number or ``"512KiB"``, ``"256MiB"``, ``"1GiB"`` (or KB, MB, GB); > 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    else:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512KiB, 256MiB, 1GiB)")
+    if size < 1:
+        raise ValueError(f"must be more than zero, not {value!r}")
+    return size
+
+
+def parse_networks(value: object) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A list of addresses or CIDR blocks (``10.0.0.0/8``, ``::1``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of addresses or CIDR blocks, not {_kind(value)}")
+    networks = []
+    for i, item in enumerate(value):
+        try:
+            networks.append(ipaddress.ip_network(str(item).strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"item {i}: not an address or CIDR block: {item!r}") from None
+    return tuple(networks)
 
 
 def parse_optional_duration(value: object) -> float | None:

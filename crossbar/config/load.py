@@ -18,16 +18,41 @@ import yaml
 from crossbar.config import model as model_
 from crossbar.config.fields import (
     SETTING_PARSERS,
+    parse_count,
+    parse_duration,
     parse_listen,
+    parse_networks,
+    parse_size,
     parse_url,
     parse_workers,
     tcp_address,
 )
-from crossbar.config.model import SETTING_KEYS, Config, HostConfig, HostSettings, RouteConfig
+from crossbar.config.model import (
+    SETTING_KEYS,
+    Config,
+    HostConfig,
+    HostSettings,
+    Limits,
+    RouteConfig,
+)
+from crossbar.config.secrets import Secret, expand
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
-_ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models"}
+_ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
+_HOST_KEYS = {"url", "api_key", "tls_ca"} | SETTING_KEYS
+_LIMIT_PARSERS: dict[str, Any] = {
+    "body_timeout": parse_duration,
+    "max_connections": parse_count,
+    "max_body_memory": parse_size,
+    "max_body": parse_size,
+}
+_TOP_KEYS = (
+    {"listen", "workers", "hosts", "routes", "api_keys", "status_keys", "status_listen"}
+    | {"trusted_proxies"}
+    | set(_LIMIT_PARSERS)
+    | SETTING_KEYS
+)
 
 
 class ConfigError(Exception):
@@ -44,8 +69,9 @@ class ConfigError(Exception):
 class _Reader:
     """Walks the YAML tree and turns every problem into a ConfigError with its key path."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, base: Path | None = None) -> None:
         self.source = source
+        self.base = base
 
     def fail(self, key: str, problem: str) -> ConfigError:
         return ConfigError(self.source, key, problem)
@@ -71,6 +97,19 @@ class _Reader:
             raise self.fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
         return str(value)
 
+    def keys(self, key: str, value: object) -> tuple[Secret, ...]:
+        """A list of keys, each a literal or ``${VARIABLE}``; never quoted back."""
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail(key, f"must be a list of keys, not {_kind(value)}")
+        return tuple(self.key(f"{key}[{i}]", item) for i, item in enumerate(value))
+
+    def key(self, key: str, value: object) -> Secret:
+        if not isinstance(value, str):
+            raise self.fail(key, f"must be a string (a key or ${{VARIABLE}}), not {_kind(value)}")
+        return self.convert(key, expand, value)  # type: ignore[no-any-return]
+
     def convert(self, key: str, parse: Any, value: object) -> Any:
         try:
             return parse(value)
@@ -86,12 +125,13 @@ def _kind(value: object) -> str:
     return "nothing" if value is None else type(value).__name__
 
 
-def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
-    """Check a decoded YAML document and build the :class:`Config`."""
-    r = _Reader(source)
+def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None = None) -> Config:
+    """Check a decoded YAML document and build the :class:`Config`; relative paths
+    (``tls_ca``) are read from ``base``, the config file's directory."""
+    r = _Reader(source, base)
     if data is None:
         raise r.fail("", "is empty")
-    top = r.mapping(data, "", {"listen", "workers", "hosts", "routes"} | SETTING_KEYS)
+    top = r.mapping(data, "", _TOP_KEYS)
     for required in ("hosts", "routes"):
         if required not in top:
             raise r.fail(required, "is missing")
@@ -100,14 +140,31 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         name: _host(r, name, key, spec, defaults)
         for name, key, spec in _entries(r, top, "hosts", "host")
     }
+    api_keys = r.keys("api_keys", top.get("api_keys"))
     routes = {
-        name: _route(r, name, key, spec, hosts)
+        name: _route(r, name, key, spec, hosts, api_keys)
         for name, key, spec in _entries(r, top, "routes", "route")
     }
     listen = r.convert("listen", parse_listen, top.get("listen", 7777))
     workers = r.convert("workers", parse_workers, top.get("workers", 1))
     if workers > 1:
         r.convert("listen", tcp_address, listen)
+    status_listen = None
+    if top.get("status_listen") is not None:
+        status_listen = r.convert("status_listen", parse_listen, top["status_listen"])
+        if status_listen == listen:
+            raise r.fail("status_listen", "must differ from listen")
+        if workers > 1:
+            r.convert("status_listen", tcp_address, status_listen)
+    limits = Limits(
+        **{
+            name: r.convert(name, parse, top[name])
+            for name, parse in _LIMIT_PARSERS.items()
+            if name in top
+        }
+    )
+    if limits.max_body > limits.max_body_memory:
+        raise r.fail("max_body", "must not be more than max_body_memory")
     return Config(
         listen=listen,
         workers=workers,
@@ -115,6 +172,10 @@ def parse_config(data: object, source: str = "crossbar.yaml") -> Config:
         routes=routes,
         defaults=defaults,
         source=source,
+        limits=limits,
+        status_keys=r.keys("status_keys", top.get("status_keys")),
+        status_listen=status_listen,
+        trusted_proxies=r.convert("trusted_proxies", parse_networks, top.get("trusted_proxies")),
     )
 
 
@@ -133,16 +194,47 @@ def _entries(
 def _host(r: _Reader, name: str, key: str, spec: object, defaults: HostSettings) -> HostConfig:
     if not isinstance(spec, dict):
         return HostConfig(name=name, url=r.convert(key, parse_url, spec))
-    entry = r.mapping(spec, key, {"url"} | SETTING_KEYS)
+    entry = r.mapping(spec, key, _HOST_KEYS)
     if "url" not in entry:
         raise r.fail(f"{key}.url", "is missing")
     url = r.convert(f"{key}.url", parse_url, entry["url"])
     own = _settings(r, entry, key, defaults)
-    return HostConfig(name, url, own if own != defaults else None)
+    api_key = r.key(f"{key}.api_key", entry["api_key"]) if "api_key" in entry else None
+    ca = ca_path = None
+    if "tls_ca" in entry:
+        if not url.startswith("https://"):
+            raise r.fail(f"{key}.tls_ca", "is only for https:// hosts")
+        ca_path, ca = _certificates(r, f"{key}.tls_ca", entry["tls_ca"])
+    return HostConfig(name, url, own if own != defaults else None, api_key, ca, ca_path)
+
+
+def _certificates(r: _Reader, key: str, value: object) -> tuple[str, bytes]:
+    """The PEM file a ``tls_ca`` names, read and checked now rather than at first use."""
+    from cryptography.x509 import load_pem_x509_certificates
+
+    if not isinstance(value, str) or not value.strip():
+        raise r.fail(key, f"must be the path of a PEM file, not {_kind(value)}")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and r.base is not None:
+        path = r.base / path
+    try:
+        pem = path.read_bytes()
+    except OSError as e:
+        raise r.fail(key, f"cannot read {path}: {(e.strerror or str(e)).lower()}") from None
+    try:
+        load_pem_x509_certificates(pem)
+    except ValueError:
+        raise r.fail(key, f"{path} holds no PEM certificate") from None
+    return str(path), pem
 
 
 def _route(
-    r: _Reader, name: str, key: str, spec: object, hosts: dict[str, HostConfig]
+    r: _Reader,
+    name: str,
+    key: str,
+    spec: object,
+    hosts: dict[str, HostConfig],
+    api_keys: tuple[Secret, ...],
 ) -> RouteConfig:
     if name in _RESERVED_ROUTES:
         raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
@@ -172,6 +264,7 @@ def _route(
         cast(model_.Policy, policy),
         cast(model_.WhenAllDown, all_down),
         cast(model_.ListModels, listing),
+        r.keys(f"{key}.api_keys", body["api_keys"]) if "api_keys" in body else api_keys,
     )
 
 
@@ -207,7 +300,7 @@ def load_config(path: str | Path) -> Config:
         line = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(source, "", f"YAML syntax error: {line}{problem}") from None
-    return parse_config(data, source)
+    return parse_config(data, source, Path(path).parent)
 
 
 def _no_duplicate_keys(

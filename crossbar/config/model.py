@@ -6,10 +6,13 @@ other part of crossbar only reads them.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from typing import Literal, get_args
 
 import attrs
+
+from crossbar.config.secrets import Secret
 
 Policy = Literal["priority", "round_robin", "least_busy"]
 """How a route picks among the hosts of its best group."""
@@ -61,6 +64,13 @@ class HostConfig:
     """Base URL without a trailing slash; a path prefix is kept."""
     settings: HostSettings | None = None
     """This host's own settings; ``None`` takes the config's defaults."""
+    api_key: Secret | None = None
+    """Sent as ``Authorization: Bearer`` on every request and poll to this host."""
+    tls_ca: bytes | None = None
+    """PEM certificates that an ``https://`` host's certificate must chain to, instead
+    of the system's CAs (a lab's own CA)."""
+    tls_ca_path: str | None = None
+    """Where ``tls_ca`` was read from, for messages."""
 
 
 @attrs.frozen
@@ -71,6 +81,9 @@ class RouteConfig:
     policy: Policy = "priority"
     when_all_down: WhenAllDown = "fail"
     list_models: ListModels = "forwarded"
+    api_keys: tuple[Secret, ...] = ()
+    """Keys a client must offer to use this route (its own list, else the top-level
+    one); empty means the route is open."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:
@@ -78,6 +91,23 @@ def _resolve(config: Config) -> Mapping[str, HostSettings]:
         name: host.settings if host.settings is not None else config.defaults
         for name, host in config.hosts.items()
     }
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@attrs.frozen
+class Limits:
+    """What one client, or all of them together, may hold of crossbar."""
+
+    body_timeout: float = 60.0
+    """Seconds from a request's headers to the end of its body."""
+    max_connections: int = 2048
+    """Client connections open at once; past it new ones are closed at once."""
+    max_body_memory: int = 256 * 1024 * 1024
+    """Bytes of request bodies held at once across all clients."""
+    max_body: int = 16 * 1024 * 1024
+    """Bytes of one request's body."""
 
 
 @attrs.frozen
@@ -90,6 +120,14 @@ class Config:
     source: str = "crossbar.yaml"
     workers: int = 1
     """Processes sharing the listening port (each with its own health table)."""
+    limits: Limits = Limits()
+    status_keys: tuple[Secret, ...] = ()
+    """Keys for ``/_crossbar/`` (all but ``livez`` and ``readyz``); empty: open."""
+    status_listen: str | None = None
+    """An endpoint of its own for the status pages; the main port then serves only
+    ``livez`` and ``readyz`` under ``/_crossbar/``."""
+    trusted_proxies: tuple[Network, ...] = ()
+    """Peers whose ``X-Forwarded-For`` is extended; anyone else's is replaced."""
     settings: Mapping[str, HostSettings] = attrs.field(
         init=False, default=attrs.Factory(_resolve, takes_self=True), eq=False
     )

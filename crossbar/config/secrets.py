@@ -1,0 +1,76 @@
+"""Keys and other secrets from crossbar.yaml: read once, never shown.
+
+A key in the config is a literal or names environment variables as ``${NAME}``, so
+that the file itself can be shared. Whatever it holds, a :class:`Secret` prints as
+``****`` (in a ``repr``, an error, a log line or a page), and URLs are shown with
+their password masked.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+MASK = "****"
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TOKEN = re.compile(rb"[\x21-\x7e]+")
+"""What a key may hold: printable ASCII without spaces, so that it fits a header."""
+_PASSWORD = re.compile(r"(?<=//)([^/@:?#]*):[^/@?#]*@")
+
+
+@attrs.frozen(repr=False)
+class Secret:
+    """A key. ``value`` is for the wire only; ``source`` says where it came from
+    (``${NAME}`` or ``literal``) and is all that is ever shown."""
+
+    value: bytes = attrs.field(eq=True)
+    source: str = attrs.field(default="literal", eq=False)
+
+    def __repr__(self) -> str:
+        return f"Secret({self.source}: {MASK})"
+
+    __str__ = __repr__
+
+
+def expand(value: str, environ: Mapping[str, str] | None = None) -> Secret:
+    """A key from its config text; ``ValueError`` (naming variables, never values)
+    when a variable is missing or the result cannot be a header's token."""
+    env = os.environ if environ is None else environ
+    names = _VARIABLE.findall(value)
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"${{{name}}} is not an environment variable name")
+        if name not in env:
+            raise ValueError(f"environment variable {name} is not set")
+    text = _VARIABLE.sub(lambda m: env[m.group(1)], value)
+    source = ", ".join(f"${{{name}}}" for name in names) or "literal"
+    try:
+        raw = text.encode("ascii")
+    except UnicodeEncodeError:
+        raw = b"\x00"
+    if not raw:
+        raise ValueError(f"is empty ({source})")
+    if not _TOKEN.fullmatch(raw):
+        raise ValueError(
+            f"must be printable ASCII without spaces ({source}; the value is not shown)"
+        )
+    return Secret(raw, source)
+
+
+def matches(offered: bytes, keys: Iterable[Secret]) -> bool:
+    """Whether ``offered`` is one of ``keys``, in time that does not depend on how
+    much of a key it got right (every key is compared, a match or not)."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(offered, key.value)
+    return found
+
+
+def mask_url(url: str) -> str:
+    """A URL fit to show: ``http://user:****@host`` for one that carries a password."""
+    return _PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@", url)
