@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from crossbar.config import ConfigError, HostSettings, load_config, parse_config, parse_duration
+from crossbar.config import (
+    ConfigError,
+    HostSettings,
+    Limits,
+    load_config,
+    parse_config,
+    parse_duration,
+)
+from crossbar.config.load import _TOP_KEYS
 
 MINIMAL = """\
 listen: 7777                # a port, or a Twisted server endpoint string
@@ -187,3 +199,253 @@ def test_bad_config_stops_twistd_with_one_line(tmp_path: Path) -> None:
     assert output.splitlines()[-1] == (
         f"crossbar: {path}: routes.opencode-a.hosts: item 1: unknown host 'gpu-x'"
     )
+
+
+# -- keys, limits and TLS ---------------------------------------------------------------------
+
+SECURED = (
+    MINIMAL
+    + """\
+  open:
+    hosts: [gpu-b]
+    api_keys: []
+  own:
+    hosts: [gpu-a]
+    api_keys: ["${ROUTE_KEY}"]
+api_keys: ["${LAB_KEY}", literal-key]
+status_keys: ["${STATUS_KEY}"]
+status_listen: "tcp:9101:interface=127.0.0.1"
+trusted_proxies: [10.0.0.0/8, "::1"]
+body_timeout: 30s
+max_connections: 100
+max_body: 1MiB
+max_body_memory: 64MiB
+"""
+)
+ENVIRON = {"LAB_KEY": "lab-secret-1", "ROUTE_KEY": "route-secret-2", "STATUS_KEY": "status-3"}
+
+
+def test_keys_limits_and_proxies_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in ENVIRON.items():
+        monkeypatch.setenv(name, value)
+    config = load_config(write(tmp_path, SECURED))
+    routes = config.routes
+    assert [k.value for k in routes["opencode-a"].api_keys] == [b"lab-secret-1", b"literal-key"]
+    assert routes["open"].api_keys == ()  # an empty list opens a route
+    assert [k.value for k in routes["own"].api_keys] == [b"route-secret-2"]  # replaces
+    assert [k.value for k in config.status_keys] == [b"status-3"]
+    assert config.status_listen == "tcp:9101:interface=127.0.0.1:backlog=1024"
+    assert [str(n) for n in config.trusted_proxies] == ["10.0.0.0/8", "::1/128"]
+    assert config.limits == Limits(
+        body_timeout=30.0, max_connections=100, max_body=1024**2, max_body_memory=64 * 1024**2
+    )
+    for value in ENVIRON.values():
+        assert value not in repr(config)
+
+
+def test_defaults_leave_everything_open_with_limits() -> None:
+    config = parse_config(yaml.safe_load(MINIMAL))
+    assert config.routes["opencode-a"].api_keys == ()
+    assert config.status_keys == ()
+    assert config.status_listen is None
+    assert config.trusted_proxies == ()
+    assert config.limits == Limits(
+        body_timeout=60.0,
+        max_connections=2048,
+        max_body=16 * 1024**2,
+        max_body_memory=256 * 1024**2,
+    )
+
+
+def test_a_host_key_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "lab-ca.pem").write_bytes(_self_signed())
+    monkeypatch.setenv("HOST_KEY", "host-secret-4")
+    text = MINIMAL.replace(
+        "  gpu-b: http://10.0.0.12:8080/",
+        "  gpu-b:\n    url: https://gpu-b.lab:8443\n"
+        "    api_key: ${HOST_KEY}\n    tls_ca: lab-ca.pem",
+    )
+    config = load_config(write(tmp_path, text))
+    host = config.hosts["gpu-b"]
+    assert host.api_key is not None and host.api_key.value == b"host-secret-4"
+    assert host.tls_ca == (tmp_path / "lab-ca.pem").read_bytes()  # relative to the config
+    assert host.tls_ca_path == str(tmp_path / "lab-ca.pem")
+    assert config.hosts["gpu-a"].api_key is None
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "problem"),
+    [
+        (
+            ("poll_interval: 5s", 'api_keys: ["${NOPE_UNSET}"]'),
+            "api_keys[0]",
+            "environment variable NOPE_UNSET is not set",
+        ),
+        (
+            ("poll_interval: 5s", "api_keys:\n  - ${NOPE_UNSET}"),
+            "api_keys[0]",
+            "environment variable NOPE_UNSET is not set",
+        ),
+        (("poll_interval: 5s", "api_keys: key"), "api_keys", "must be a list of keys, not str"),
+        (("poll_interval: 5s", "api_keys: [7]"), "api_keys[0]", "must be a string"),
+        (("poll_interval: 5s", "status_keys: ['']"), "status_keys[0]", "is empty"),
+        (
+            ("    default_model", "    api_keys: [ok, 'two words']\n    default_model"),
+            "routes.opencode-a.api_keys[1]",
+            "printable ASCII without spaces",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://u:hunter2@h:1'}"),
+            "hosts.gpu-b.url",
+            "must not carry credentials (give the host an api_key): 'http://u:****@h:1'",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: 'http://u:hunter2@h:99999'"),
+            "hosts.gpu-b",
+            "'http://u:****@h:99999'",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: 'ftp://u:hunter2@h'"),
+            "hosts.gpu-b",
+            "not 'ftp://u:****@h'",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://h', tls_ca: ca.pem}"),
+            "hosts.gpu-b.tls_ca",
+            "is only for https:// hosts",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'https://h', tls_ca: nope.pem}"),
+            "hosts.gpu-b.tls_ca",
+            "cannot read",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'https://h', api_key: [x]}"),
+            "hosts.gpu-b.api_key",
+            "must be a string",
+        ),
+        (("poll_interval: 5s", "max_body_memory: lots"), "max_body_memory", "not a size"),
+        (("poll_interval: 5s", "max_body_memory: 0"), "max_body_memory", "more than zero"),
+        (
+            ("poll_interval: 5s", "max_body: 2MiB\nmax_body_memory: 1MiB"),
+            "max_body",
+            "must not be more than max_body_memory",
+        ),
+        (("poll_interval: 5s", "max_connections: 0"), "max_connections", "at least 1"),
+        (("poll_interval: 5s", "body_timeout: soon"), "body_timeout", "not a duration"),
+        (
+            ("poll_interval: 5s", "trusted_proxies: [10.0.0.0/33]"),
+            "trusted_proxies",
+            "item 0: not an address or CIDR block",
+        ),
+        (("poll_interval: 5s", "trusted_proxies: 10.0.0.1"), "trusted_proxies", "must be a list"),
+        (("poll_interval: 5s", "status_listen: 7777"), "status_listen", "must differ from listen"),
+    ],
+)
+def test_security_mistakes_name_key_and_problem(
+    tmp_path: Path, change: tuple[str, str], key: str, problem: str
+) -> None:
+    old, new = change
+    assert old in MINIMAL
+    message = error_of(tmp_path, MINIMAL.replace(old, new, 1))
+    assert message.startswith(f"{key}: "), message
+    assert problem in message
+    assert "hunter2" not in message
+
+
+def test_an_unquoted_variable_in_brackets_gets_a_hint(tmp_path: Path) -> None:
+    message = error_of(tmp_path, MINIMAL + "api_keys: [${LAB_KEY}]\n")
+    assert message.startswith("YAML syntax error: line 10: ")
+    assert message.endswith('(write a ${VARIABLE} in quotes: ["${VARIABLE}"])')
+
+
+def test_a_bad_key_never_shows_its_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAB_KEY", "has a space in it")
+    message = error_of(tmp_path, MINIMAL + 'api_keys: ["${LAB_KEY}"]\n')
+    assert message == (
+        "api_keys[0]: must be printable ASCII without spaces (${LAB_KEY}; the value is not shown)"
+    )
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(["7777", "5s", "tcp:1", "http://h:1", "gpu-a", "${X}", "1MiB", "::1"]),
+)
+_KEYS = st.sampled_from(
+    [*sorted(_TOP_KEYS), "url", "api_key", "tls_ca", "gpu-a", "r", "policy", "x"]
+)
+_DOCS = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=6),
+    max_leaves=25,
+)
+
+
+_HOST_KEYS = ["url", "api_key", "tls_ca", "max_fails", "poll_interval"]
+_ROUTE_KEYS = ["hosts", "default_model", "policy", "api_keys", "list_models"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    top=st.dictionaries(st.sampled_from(sorted(_TOP_KEYS - {"hosts", "routes"})), _DOCS),
+    host=st.one_of(_DOCS, st.dictionaries(st.sampled_from(_HOST_KEYS), _DOCS)),
+    route=st.one_of(_DOCS, st.dictionaries(st.sampled_from(_ROUTE_KEYS), _DOCS)),
+    which=st.sampled_from(["top", "host", "route"]),
+)
+def test_any_document_is_a_config_or_one_config_error(
+    top: dict[str, object], host: object, route: object, which: str
+) -> None:
+    """Whatever YAML gives in any key of a valid config, loading ends in a Config or a
+    one-line ConfigError."""
+    doc = yaml.safe_load(MINIMAL)
+    if which == "top":
+        doc.update(top)
+    elif which == "host":
+        doc["hosts"]["gpu-b"] = host
+    else:
+        doc["routes"]["opencode-a"] = route
+    try:
+        parse_config(doc)
+    except ConfigError as e:
+        assert "\n" not in str(e)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200))
+def test_any_file_is_a_config_or_one_config_error(text: str) -> None:
+    """The same from a file's text: YAML errors, aliases and duplicate keys included."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "crossbar.yaml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            load_config(path)
+        except ConfigError as e:
+            assert "\n" not in str(e)
+
+
+def _self_signed() -> bytes:
+    """A CA certificate's PEM, made for the test."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)

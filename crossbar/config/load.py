@@ -299,6 +299,8 @@ def load_config(path: str | Path) -> Config:
         mark = getattr(e, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if mark is not None and "${" in text.splitlines()[mark.line : mark.line + 1][0:1][0]:
+            problem += ' (write a ${VARIABLE} in quotes: ["${VARIABLE}"])'
         raise ConfigError(source, "", f"YAML syntax error: {line}{problem}") from None
     return parse_config(data, source, Path(path).parent)
 

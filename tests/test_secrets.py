@@ -1,0 +1,92 @@
+"""Keys from the config: read from the environment when asked, never shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossbar.config import Secret, mask_url, matches
+from crossbar.config.secrets import expand
+
+
+def test_a_literal_key_is_kept_as_bytes_and_never_shown() -> None:
+    key = expand("s3cret-Key_1")
+    assert key.value == b"s3cret-Key_1"
+    for shown in (repr(key), str(key), f"{key}", repr([key]), repr((key,))):
+        assert "s3cret" not in shown
+        assert "****" in shown
+
+
+def test_a_variable_is_read_from_the_environment_and_named_not_shown() -> None:
+    key = expand("${LAB_KEY}", {"LAB_KEY": "from-env-123"})
+    assert key.value == b"from-env-123"
+    assert key.source == "${LAB_KEY}"
+    assert "from-env" not in repr(key)
+
+
+def test_variables_may_be_part_of_a_key() -> None:
+    key = expand("pre-${A}-${B}", {"A": "x", "B": "y"})
+    assert key.value == b"pre-x-y"
+    assert key.source == "${A}, ${B}"
+
+
+def test_a_missing_variable_names_the_variable() -> None:
+    with pytest.raises(ValueError, match=r"^environment variable LAB_KEY is not set$"):
+        expand("${LAB_KEY}", {})
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "problem"),
+    [
+        ("", {}, "is empty (literal)"),
+        ("${EMPTY}", {"EMPTY": ""}, "is empty (${EMPTY})"),
+        (
+            "two words",
+            {},
+            "must be printable ASCII without spaces (literal; the value is not shown)",
+        ),
+        (
+            "${K}",
+            {"K": "new\nline"},
+            "must be printable ASCII without spaces (${K}; the value is not shown)",
+        ),
+        ("clé", {}, "must be printable ASCII without spaces (literal; the value is not shown)"),
+        ("${1BAD}", {}, "${1BAD} is not an environment variable name"),
+    ],
+)
+def test_keys_that_cannot_be_sent_are_refused_without_their_value(
+    text: str, environ: dict[str, str], problem: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        expand(text, environ)
+    assert str(info.value) == problem
+    for value in environ.values():
+        if value:
+            assert value not in str(info.value)
+
+
+def test_matches_finds_any_of_the_keys_and_nothing_else() -> None:
+    keys = (Secret(b"alpha"), Secret(b"beta"))
+    assert matches(b"alpha", keys)
+    assert matches(b"beta", keys)
+    assert not matches(b"alph", keys)
+    assert not matches(b"alphaa", keys)
+    assert not matches(b"", keys)
+    assert not matches(b"alpha", ())
+
+
+def test_equal_keys_compare_equal_whatever_their_source() -> None:
+    assert Secret(b"k", "${A}") == Secret(b"k", "literal")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:pass@host:8080/x", "http://user:****@host:8080/x"),
+        ("https://:p%40ss@10.0.0.1", "https://:****@10.0.0.1"),
+        ("http://host:8080", "http://host:8080"),
+        ("http://user@host", "http://user@host"),
+        ("see http://a:b@h and http://c:d@i", "see http://a:****@h and http://c:****@i"),
+    ],
+)
+def test_urls_are_shown_with_their_password_masked(url: str, shown: str) -> None:
+    assert mask_url(url) == shown
