@@ -1,39 +1,94 @@
-"""Model lists: what a host's ``GET /v1/models`` says it has, and the one list a route
-with ``list_models: merged`` answers for all its healthy hosts. Pure, no I/O."""
+"""Model lists: what a host's ``GET /v1/models`` answer says it has, and the one list a
+route with ``list_models: merged`` answers for all its healthy hosts. Pure, no I/O.
+
+Every host's list is read every few seconds, on the reactor thread, and a router may
+know thousands of models: msgspec reads only the fields used (``data[].id`` and
+``data[].status.value``) into structs and skips every other field in C, without
+building it (100,000 entries, 10 to 14 MiB: about 30 ms, where reading them with
+``json.loads`` took 160 to 280 ms).
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
 
 from crossbar.config import RouteConfig
 from crossbar.fleet.state import HostState
 
+_Value = str | int | float | bool | list[Raw] | dict[str, Raw] | None
+"""Any JSON value; an array's or object's contents are left unread (a hostile host's
+huge or deep value costs nothing to skip)."""
+
+
+# gc=False: decoded from JSON, these can never be part of a reference cycle, and
+# tracking a hundred thousand of them would cost more than reading them.
+class _Status(msgspec.Struct, gc=False):
+    value: _Value | UnsetType = UNSET
+
+
+class _Entry(msgspec.Struct, gc=False):
+    id: _Value | UnsetType = UNSET
+    status: _Status | str | int | float | bool | list[Raw] | UnsetType | None = UNSET
+
+
+class _Listing(msgspec.Struct, gc=False):
+    data: list[_Entry]
+
+
+_LISTING = msgspec.json.Decoder(_Listing)
+_OUTLINE = msgspec.json.Decoder(dict[str, Raw])
+_ITEMS = msgspec.json.Decoder(list[Raw])
+_NOT_A_LIST = 'expected {"data": [...]}'
+
 
 def parse_models(body: bytes) -> tuple[list[str], list[str]]:
-    """``(loaded, known)`` model ids from a ``/v1/models`` answer.
+    """``(loaded, known)`` model ids from a ``/v1/models`` answer; ``ValueError`` (its
+    text in words) when the answer is not such a list.
 
     In router mode every model the router knows is listed with ``status.value``;
     only ``loaded`` is resident. An entry without ``status`` (single-model
-    llama-server) is resident.
+    llama-server) is resident. An entry whose id is not a non-empty string is skipped.
     """
-    doc = json.loads(body)
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-        raise ValueError('expected {"data": [...]}')
+    try:
+        listing = _LISTING.decode(body)
+    except msgspec.ValidationError as e:
+        raise ValueError(_misshapen(body, e)) from None
+    except msgspec.DecodeError as e:
+        raise ValueError(str(e)) from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     loaded: list[str] = []
     known: list[str] = []
-    for entry in doc["data"]:
-        if not isinstance(entry, dict):
-            raise ValueError("a data entry is not an object")
-        model_id = entry.get("id")
-        if not isinstance(model_id, str) or not model_id:
+    for entry in listing.data:
+        model_id = entry.id
+        if type(model_id) is not str or not model_id:
             continue
         known.append(model_id)
-        status = entry.get("status")
-        if status is None or (isinstance(status, dict) and status.get("value") == "loaded"):
+        status = entry.status
+        plain = status is None or status is UNSET  # a single-model llama-server's entry
+        if plain or (isinstance(status, _Status) and status.value == "loaded"):
             loaded.append(model_id)
     return loaded, known
+
+
+def _misshapen(body: bytes, error: msgspec.ValidationError) -> str:
+    """Which part of a well-formed answer is not a model list, found only when one is
+    not: the same words whatever the shape."""
+    try:
+        data = _OUTLINE.decode(body).get("data")
+        items = _ITEMS.decode(data) if data is not None else None
+    except (msgspec.DecodeError, RecursionError):
+        return _NOT_A_LIST
+    if items is None:
+        return _NOT_A_LIST
+    for item in items:
+        if memoryview(item)[:1].tobytes() != b"{":
+            return "a data entry is not an object"
+    return str(error)  # an entry's id or status msgspec cannot read, e.g. 1e999
 
 
 def merged_listing(
