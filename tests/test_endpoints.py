@@ -3,11 +3,54 @@ thread), each host with its own connect timeout; the poller's pool and Agent."""
 
 from __future__ import annotations
 
+import datetime
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.task import Clock
 from twisted.web.client import URI
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent, IResponse
+from zope.interface import implementer
 
-from crossbar.upstream.endpoints import HostEndpoints, make_agent, make_pool
+from crossbar.upstream import describe
+from crossbar.upstream.endpoints import (
+    HostEndpoints,
+    Uncompressed,
+    make_agent,
+    make_pool,
+    trust_root,
+)
+from crossbar.upstream.parsing import BadAnswer
+from tests.support import RecordingProducer
+
+
+def _self_signed_ca() -> bytes:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+CA_PEM = _self_signed_ca()
 
 
 def endpoints() -> HostEndpoints:
@@ -48,3 +91,90 @@ def test_pool_keeps_idle_connections_shorter_than_llama_server() -> None:
     assert pool.cachedConnectionTimeout < 5  # llama-server closes idle ones after 5 s
     agent = make_agent(Clock(), pool, {"gpu-a": "http://10.0.0.11:8080"}, {"gpu-a": 1.5})
     assert agent is not None
+
+
+# -- the poller's Agent asks for no compression, and refuses it -------------------------------
+
+
+@implementer(IResponse)
+class FakeResponse:
+    """An answer whose body nobody has read yet; records what its reader did."""
+
+    def __init__(self, headers: dict[bytes, list[bytes]]) -> None:
+        self.code = 200
+        self.phrase = b"OK"
+        self.version = (b"HTTP", 1, 1)
+        self.length = 1_000_000
+        self.headers = Headers(headers)
+        self.producer = RecordingProducer()
+        self.read = False
+
+    def deliverBody(self, protocol: Any) -> None:
+        self.read = True
+        protocol.makeConnection(self.producer)
+
+
+@implementer(IAgent)
+class FakeAgent:
+    def __init__(self, response: FakeResponse) -> None:
+        self.response = response
+        self.sent: list[Headers] = []
+
+    def request(
+        self, method: bytes, uri: bytes, headers: Headers | None = None, bodyProducer: Any = None
+    ) -> Deferred[IResponse]:
+        assert headers is not None
+        self.sent.append(headers)
+        return succeed(self.response)  # type: ignore[arg-type]
+
+
+def test_polls_ask_for_no_compression_in_place_of_treqs_gzip() -> None:
+    agent = FakeAgent(FakeResponse({}))
+    client = HTTPClient(Uncompressed(agent))
+    d = client.get("http://10.0.0.11:8080/v1/models", headers={b"Authorization": [b"Bearer k"]})
+    assert d.called
+    (sent,) = agent.sent
+    assert sent.getRawHeaders(b"accept-encoding") == [b"identity"]
+    assert sent.getRawHeaders(b"authorization") == [b"Bearer k"]
+
+
+@pytest.mark.parametrize(
+    ("coding", "named"),
+    [
+        (b"gzip", "gzip"),
+        (b"identity, GZIP", "gzip"),
+        (b"br", "br"),
+        (b"x-\x00evil\r\n", "an unknown coding"),
+    ],
+)
+def test_a_compressed_answer_is_refused_unread_and_its_connection_closed(
+    coding: bytes, named: str
+) -> None:
+    response = FakeResponse({b"Content-Encoding": [coding]})
+    d = HTTPClient(Uncompressed(FakeAgent(response))).get("http://10.0.0.11:8080/health")
+    failure = d.result
+    d.addErrback(lambda _: None)
+    assert isinstance(failure.value, BadAnswer)
+    assert (
+        describe(failure) == f"bad answer: compressed ({named}) though no compression was asked for"
+    )
+    assert response.producer.calls == ["stop"]  # the connection is closed, the body unread
+
+
+@pytest.mark.parametrize("headers", [{}, {b"Content-Encoding": [b"identity"]}])
+def test_an_uncompressed_answer_passes(headers: dict[bytes, list[bytes]]) -> None:
+    response = FakeResponse(headers)
+    d = Uncompressed(FakeAgent(response)).request(b"GET", b"http://10.0.0.11:8080/health")
+    assert d.result is response
+    assert not response.read
+
+
+def test_make_agent_builds_an_uncompressed_agent_with_a_hosts_own_ca() -> None:
+    from twisted.internet import reactor
+
+    pool = make_pool(Clock(), per_host=1)
+    urls = {"gpu-a": "https://10.0.0.11:8443", "gpu-b": "http://10.0.0.12:8080"}
+    agent = make_agent(reactor, pool, urls, {}, tls_cas={"gpu-a": CA_PEM})
+    assert isinstance(agent, Uncompressed)
+    assert trust_root(None) is None
+    assert trust_root(CA_PEM) is not None

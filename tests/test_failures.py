@@ -7,6 +7,8 @@ import errno
 
 import pytest
 from OpenSSL import SSL
+from service_identity import VerificationError
+from service_identity.hazmat import DNS_ID, DNSMismatch
 from twisted.internet import defer, error
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
@@ -38,18 +40,26 @@ from crossbar.upstream.parsing import BadAnswer
         ),
         (
             ResponseFailed([Failure(BadAnswer("bad chunk size"))]),
-            "answer cut off (bad answer: bad chunk size)",
+            "bad answer: bad chunk size",
         ),
         (ValueError("line one\nline two"), "ValueError: line one"),
         (
             SSL.Error([("SSL routines", "", "certificate verify failed")]),
             "TLS: certificate verify failed",
         ),
-        (
+        (  # the handshake failed: the request was never sent, so TLS is the whole story
             ResponseNeverReceived(
                 [Failure(SSL.Error([("SSL routines", "", "wrong version number")]))]
             ),
-            "closed before answering (TLS: wrong version number)",
+            "TLS: wrong version number",
+        ),
+        (
+            ResponseNeverReceived([Failure(VerificationError([DNSMismatch(DNS_ID("gpu-a"))]))]),
+            "TLS: the certificate is for another host name",
+        ),
+        (
+            ResponseFailed([Failure(SSL.Error([("SSL routines", "", "bad record mac")]))]),
+            "answer cut off (TLS: bad record mac)",
         ),
         (SSL.Error([]), "TLS: handshake failed"),
     ],

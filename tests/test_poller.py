@@ -15,8 +15,9 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings
+from crossbar.config.secrets import Secret
 from crossbar.fleet import HealthTable, HostState
-from crossbar.fleet.poller import Poller
+from crossbar.fleet.poller import MAX_POLL_BODY, Poller
 from tests.support import ROUTER_LISTING
 
 ROUTER_MODELS = {
@@ -37,6 +38,7 @@ class FakeHost(Resource):
     def __init__(self) -> None:
         super().__init__()
         self.paths: list[bytes] = []
+        self.authorization: list[bytes | None] = []
         self.health: tuple[int, bytes] = (200, b'{"status":"ok"}')
         self.models: tuple[int, bytes] = (200, json.dumps(ROUTER_MODELS).encode())
         self.hang = False
@@ -45,6 +47,7 @@ class FakeHost(Resource):
     def render(self, request: server.Request) -> Any:
         assert request.uri is not None
         self.paths.append(request.uri)
+        self.authorization.append(request.getHeader(b"authorization"))
         if self.hang:
             self.hanging.append(request)
             return server.NOT_DONE_YET
@@ -88,14 +91,19 @@ class Rig:
         return state
 
 
-def make_rig(*names: str, interval: float = 5.0, timeout: float = 5.0) -> Rig:
+def make_rig(
+    *names: str,
+    interval: float = 5.0,
+    timeout: float = 5.0,
+    keys: dict[str, Secret] | None = None,
+) -> Rig:
     fleet = Fleet(*names)
     client = StubTreq(fleet)
     clock = Clock()
     clock.advance(1000)
     settings = {n: HostSettings(poll_interval=interval, poll_timeout=timeout) for n in names}
     table = HealthTable({n: f"http://{n}:8080" for n in names}, clock, settings)
-    poller = Poller(table, client, clock)
+    poller = Poller(table, client, clock, keys)
     return Rig(fleet, client, clock, table, poller)
 
 
@@ -130,7 +138,7 @@ def test_health_failure_skips_models() -> None:
         ((200, b"not json"), "models: bad answer"),
         ((200, b'{"models": []}'), "models: bad answer"),
         ((200, b'{"data": [1]}'), "models: bad answer"),
-        ((200, b'{"data": [], "pad": "' + b"x" * (1024 * 1024) + b'"}'), "models: "),
+        ((200, b'{"data": [], "pad": "' + b"x" * MAX_POLL_BODY + b'"}'), "models: "),
     ],
 )
 def test_models_failures(models: tuple[int, bytes], error: str) -> None:
@@ -142,17 +150,61 @@ def test_models_failures(models: tuple[int, bytes], error: str) -> None:
     assert state.last_err.startswith(error), state.last_err
 
 
-def test_body_over_one_mib_fails_and_exactly_one_mib_passes() -> None:
+def test_body_over_eight_mib_fails_and_exactly_eight_mib_passes() -> None:
+    assert MAX_POLL_BODY == 8 * 1024 * 1024
     rig = make_rig("gpu-a")
     base = b'{"data": [], "pad": ""}'
-    exact = base.replace(b'""', b'"' + b"x" * (1024 * 1024 - len(base)) + b'"')
-    assert len(exact) == 1024 * 1024
+    exact = base.replace(b'""', b'"' + b"x" * (MAX_POLL_BODY - len(base)) + b'"')
+    assert len(exact) == MAX_POLL_BODY
     rig.fleet.hosts["gpu-a"].models = (200, exact)
     rig.poll("gpu-a")
     assert rig.state("gpu-a").healthy
     rig.fleet.hosts["gpu-a"].models = (200, exact[:-1] + b" }")
     rig.poll("gpu-a")
-    assert "larger than" in rig.state("gpu-a").last_err
+    assert rig.state("gpu-a").last_err == "models: answer larger than 8 MiB"
+
+
+KEY = Secret(b"sk-lab-7f3a9c", "${GPU_A_KEY}")
+
+
+def test_a_host_with_a_key_gets_it_on_every_poll_and_others_get_none() -> None:
+    rig = make_rig("gpu-a", "gpu-b", keys={"gpu-a": KEY})
+    rig.poll("gpu-a")
+    rig.poll("gpu-b")
+    assert rig.fleet.hosts["gpu-a"].authorization == [b"Bearer sk-lab-7f3a9c"] * 2
+    assert rig.fleet.hosts["gpu-b"].authorization == [None, None]
+    assert rig.state("gpu-a").healthy and rig.state("gpu-b").healthy
+
+
+@pytest.mark.parametrize(
+    ("which", "code", "keys", "error"),
+    [
+        (
+            "models",
+            401,
+            {"gpu-a": KEY},
+            "model list refused: 401 unauthorized — check the host's api_key",
+        ),
+        (
+            "health",
+            403,
+            {"gpu-a": KEY},
+            "health check refused: 403 forbidden — check the host's api_key",
+        ),
+        ("models", 401, None, "model list refused: 401 unauthorized — the host needs an api_key"),
+    ],
+)
+def test_a_host_refusing_a_poll_is_down_saying_so_without_the_key(
+    which: str, code: int, keys: dict[str, Secret] | None, error: str
+) -> None:
+    rig = make_rig("gpu-a", keys=keys)
+    body = b'{"error":{"code":%d,"message":"Invalid API Key"}}' % code
+    setattr(rig.fleet.hosts["gpu-a"], which, (code, body))
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert not state.healthy
+    assert state.last_err == error
+    assert "sk-lab" not in repr(state)
 
 
 def test_failure_then_recovery_needs_two_good_polls() -> None:

@@ -561,6 +561,47 @@ async def test_interim_answers_are_skipped(rig: Rig, writes: list[bytes]) -> Non
     assert body.data == b"done" and reason.check(ResponseDone)
 
 
+@pytest.mark.parametrize(
+    ("status_line", "code", "phrase"),
+    [
+        (b"HTTP/1.1 200 OK", 200, b"OK"),
+        (b"HTTP/1.1 404 Model Not Here (try gpu-b)", 404, b"Model Not Here (try gpu-b)"),
+        (b"HTTP/1.1 200 " + b"x" * 64, 200, b"x" * 64),
+        (b"HTTP/1.1 200", 200, b""),
+        (b"HTTP/1.1 200 " + b"x" * 65, 200, b"OK"),
+        (b"HTTP/1.1 503 Busy\x00\x1b[31m", 503, b"Service Unavailable"),
+        (b"HTTP/1.1 404 Not\tFound", 404, b"Not Found"),
+        (b"HTTP/1.1 200 \xc3\xa9t\xc3\xa9", 200, b"OK"),
+        (b"HTTP/1.1 200 O\x7fK", 200, b"OK"),
+        (b"HTTP/1.1 299 \x01", 299, b""),
+    ],
+    ids=[
+        "plain",
+        "own words",
+        "64 bytes",
+        "none",
+        "65 bytes",
+        "NUL and escape",
+        "tab",
+        "not ascii",
+        "DEL",
+        "unknown code",
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_reason_phrase_is_passed_on_only_when_short_printable_ascii(
+    rig: Rig, status_line: bytes, code: int, phrase: bytes
+) -> None:
+    """A host's reason phrase reaches the client as it was only when it is printable
+    ASCII of at most 64 bytes; else the standard phrase of its code (none for a code
+    without one). The answer itself is good: its body comes through."""
+    host = rig.host(answers(status_line + b"\r\nContent-Length: 2\r\n\r\nok"))
+    pool = rig.upstreams(host.url)
+    response, body, reason = await fetch(pool)
+    assert (response.code, response.phrase) == (code, phrase)
+    assert body.data == b"ok" and reason.check(ResponseDone)
+
+
 # -- bad answers ---------------------------------------------------------------------------------
 
 BIG = b"X-Big: " + b"a" * (70 * 1024)
@@ -582,6 +623,12 @@ BIG = b"X-Big: " + b"a" * (70 * 1024)
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
         b"HTTP/1.1 999 Nine\r\nContent-Length: 0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nX-Split: a\rInjected: b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Split: a\nInjected: b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Nul: a\x00b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 O\rX-Injected: 1\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 O\nX-Injected: 1\r\nContent-Length: 0\r\n\r\n",
+        CONTINUE * 11 + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        CONTINUE * 10_000,
     ],
     ids=[
         "bad status code",
@@ -597,6 +644,12 @@ BIG = b"X-Big: " + b"a" * (70 * 1024)
         "transfer-encoding and content-length",
         "status code over 599",
         "bare CR in a header value",
+        "bare LF in a header value",
+        "NUL in a header value",
+        "bare CR in the reason phrase",
+        "bare LF in the reason phrase",
+        "eleven interim answers",
+        "endless interim answers",
     ],
 )
 @pytest_twisted.ensureDeferred

@@ -13,7 +13,14 @@ import attrs
 import pytest
 
 from crossbar.upstream import parsing
-from crossbar.upstream.parsing import MAX_HEAD, MAX_TRAILERS, AnswerParser, BadAnswer, Head
+from crossbar.upstream.parsing import (
+    MAX_HEAD,
+    MAX_INTERIM,
+    MAX_TRAILERS,
+    AnswerParser,
+    BadAnswer,
+    Head,
+)
 
 CRLF = b"\r\n"
 
@@ -309,6 +316,11 @@ GOOD = [
         Head(201, b"Created", [(b"Location", b"/x"), (b"Content-Length", b"0")], 0, True),
     ),
     Good(
+        "interims-up-to-the-count",
+        answer(b"HTTP/1.1 100 Continue") * 10 + answer(b"HTTP/1.1 200 OK", b"Content-Length: 0"),
+        Head(200, b"OK", [(b"Content-Length", b"0")], 0, True),
+    ),
+    Good(
         "204",
         answer(b"HTTP/1.1 204 No Content", b"Date: Mon, 01 Jan 2024 00:00:00 GMT"),
         Head(204, b"No Content", [(b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT")], None, True),
@@ -471,6 +483,27 @@ def test_corpora_are_big_enough() -> None:
     assert len(positions(GOOD[0].data)) == len(GOOD[0].data) + 1
 
 
+def test_interim_limits_are_the_ones_the_corpora_test() -> None:
+    assert MAX_INTERIM == 10
+    assert MAX_HEAD // len(EARLY_HINT) + 1 <= MAX_INTERIM  # refused for its size alone
+
+
+def test_endless_interim_answers_are_refused_after_the_tenth() -> None:
+    """A host that answers ``100 Continue`` without end (say 10,000 times) is refused at
+    the eleventh, in one feed or in many, before any head is reported."""
+    heads: list[Head] = []
+    parser = AnswerParser(heads.append, lambda _: None, lambda _: None)
+    parser.expect(head_only=False)
+    for _ in range(MAX_INTERIM):
+        parser.feed(CONTINUE)
+    with pytest.raises(BadAnswer, match=r"^more than 10 interim \(1xx\) answers$"):
+        parser.feed(CONTINUE)
+    parser.expect(head_only=False)
+    with pytest.raises(BadAnswer, match="interim"):
+        parser.feed(CONTINUE * 10_000)
+    assert heads == []
+
+
 def test_head_at_the_limit_is_exactly_the_limit() -> None:
     case = next(c for c in GOOD if c.id == "head-at-the-limit")
     assert len(case.data) == MAX_HEAD
@@ -514,7 +547,8 @@ OK = b"HTTP/1.1 200 OK"
 CL0 = b"Content-Length: 0"
 BIG_TRAILER = b"X-Big: " + b"b" * MAX_TRAILERS
 MANY_TRAILERS = [b"X-T%05d: %s" % (i, b"t" * 40) for i in range(MAX_TRAILERS // 40)]
-EARLY_HINT = answer(b"HTTP/1.1 103 Early Hints", b"Link: <" + b"l" * 1000 + b">")
+EARLY_HINT = answer(b"HTTP/1.1 103 Early Hints", b"Link: <" + b"l" * 8000 + b">")
+CONTINUE = answer(b"HTTP/1.1 100 Continue")
 
 BAD = [
     Bad(
@@ -625,9 +659,14 @@ BAD = [
     Bad("head-over-limit", answer(OK, b"X-Long: " + LONG_VALUE + b"v", CL0), "too long"),
     Bad("head-far-over-limit", answer(OK, b"X-Long: " + b"v" * 200_000, CL0), "too long"),
     Bad(
-        "interims-over-limit",
+        "interims-over-limit",  # fewer than MAX_INTERIM, but together too long
         EARLY_HINT * (MAX_HEAD // len(EARLY_HINT) + 1) + answer(OK, CL0),
         "too long",
+    ),
+    Bad(
+        "interims-over-count",
+        CONTINUE * (MAX_INTERIM + 1) + answer(OK, CL0),
+        "more than 10 interim (1xx) answers",
     ),
     Bad(
         "interim-with-length",

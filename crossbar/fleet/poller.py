@@ -2,11 +2,14 @@
 ``LoopingCall`` per host, with treq.
 
 It never asks ``/slots``, ``/metrics`` or ``/props?model=``: in router mode those make
-llama-server load a model. What it learns goes into the :class:`HealthTable`.
+llama-server load a model. What it learns goes into the :class:`HealthTable`. A host
+with an ``api_key`` gets it on every poll (``llama-server --api-key`` refuses
+``/v1/models`` without it); the client it is given asks for no compression.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import treq
@@ -16,20 +19,34 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
 from twisted.web.iweb import IResponse
 
+from crossbar.config.secrets import Secret
 from crossbar.fleet.listing import parse_models
 from crossbar.fleet.state import HealthTable
 from crossbar.upstream.failures import describe, is_cancellation, stop_producing
 
-MAX_POLL_BODY = 1024 * 1024
-"""Largest answer a poll reads: a model list is a few KiB."""
+MAX_POLL_BODY = 8 * 1024 * 1024
+"""Largest answer a poll reads: a model list is a few KiB (100,000 models, about 5 MiB)."""
+_CHECKS = {"health": "health check", "models": "model list"}
+
+
+_Headers = dict[bytes | str, list[bytes | str]]
+"""Request headers as treq takes them."""
 
 
 class _HTTPGetter(Protocol):
     """The part of treq's ``HTTPClient`` (or ``StubTreq``) the poller uses."""
 
-    def get(self, url: str, /, *, allow_redirects: bool = ...) -> Deferred[Any]: ...
+    def get(
+        self,
+        url: str,
+        /,
+        *,
+        allow_redirects: bool = ...,
+        headers: _Headers | None = ...,
+    ) -> Deferred[Any]: ...
 
 
 class _Watched:
@@ -60,7 +77,7 @@ def read_limited(response: IResponse, limit: int) -> Deferred[bytes]:
         nonlocal size
         size += len(data)
         if size > limit:
-            raise PollError(f"answer larger than {limit} bytes")
+            raise PollError(f"answer larger than {_size(limit)}")
         parts.append(data)
 
     watched = _Watched(response)
@@ -77,8 +94,13 @@ def read_limited(response: IResponse, limit: int) -> Deferred[bytes]:
     treq.collect(watched, keep).addBoth(done)  # type: ignore[arg-type]
     if isinstance(response.length, int) and response.length > limit and not result.called:
         watched.stop()
-        result.errback(PollError(f"answer larger than {limit} bytes"))
+        result.errback(PollError(f"answer larger than {_size(limit)}"))
     return result
+
+
+def _size(limit: int) -> str:
+    mib, rest = divmod(limit, 1024 * 1024)
+    return f"{mib} MiB" if mib and not rest else f"{limit} bytes"
 
 
 def discard(response: IResponse) -> None:
@@ -97,7 +119,8 @@ class Poller(Service):
 
     Each host has its own ``LoopingCall``, so hosts are polled concurrently and
     independently: a slow host delays no other, and a host whose previous poll is
-    still running is skipped on that tick rather than polled twice.
+    still running is skipped on that tick rather than polled twice. ``keys`` (host name
+    -> key) go out as ``Authorization: Bearer`` on that host's polls.
     """
 
     def __init__(
@@ -105,10 +128,14 @@ class Poller(Service):
         table: HealthTable,
         client: _HTTPGetter,
         clock: IReactorTime,
+        keys: Mapping[str, Secret] | None = None,
     ) -> None:
         self.table = table
         self._client = client
         self._clock = clock
+        self._headers: dict[str, _Headers] = {
+            name: {b"Authorization": [b"Bearer " + key.value]} for name, key in (keys or {}).items()
+        }
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -156,9 +183,10 @@ class Poller(Service):
         if state is None:
             return
         settings = self.table.settings[name]
+        timeout = settings.poll_timeout
         try:
-            await self._get(state.url + settings.health_path, "health", settings.poll_timeout)
-            body = await self._get(state.url + "/v1/models", "models", settings.poll_timeout)
+            await self._get(name, state.url + settings.health_path, "health", timeout)
+            body = await self._get(name, state.url + "/v1/models", "models", timeout)
             try:
                 loaded, known = parse_models(body)
             except ValueError as e:
@@ -174,21 +202,27 @@ class Poller(Service):
         else:
             self.table.record_ok(name, loaded, known)
 
-    async def _get(self, url: str, what: str, timeout: float) -> bytes:
-        d = Deferred.fromCoroutine(self._fetch(url, what))
+    async def _get(self, name: str, url: str, what: str, timeout: float) -> bytes:
+        d = Deferred.fromCoroutine(self._fetch(name, url, what))
         d.addTimeout(timeout, self._clock)
         try:
             return await d
         except DeferredTimeout:
             raise PollError(f"{what}: timed out after {timeout:g}s") from None
 
-    async def _fetch(self, url: str, what: str) -> bytes:
+    async def _fetch(self, name: str, url: str, what: str) -> bytes:
+        headers = self._headers.get(name)
         try:
-            response = await self._client.get(url, allow_redirects=False)
+            response = await self._client.get(url, allow_redirects=False, headers=headers)
         except Exception as e:
             if is_cancellation(e):
                 raise CancelledError() from None
             raise PollError(f"{what}: {describe(e)}") from None
+        if response.code in (401, 403):
+            discard(response)
+            phrase = RESPONSES[response.code].decode().lower()
+            hint = "check the host's api_key" if headers else "the host needs an api_key"
+            raise PollError(f"{_CHECKS[what]} refused: {response.code} {phrase} — {hint}")
         if response.code != 200:
             discard(response)
             raise PollError(f"{what}: HTTP {response.code}")

@@ -9,6 +9,7 @@ as it would an ``Agent``'s.
 
 from __future__ import annotations
 
+import re
 import select
 from typing import Any, Protocol
 
@@ -20,7 +21,7 @@ from twisted.internet.protocol import ClientFactory, connectionDone
 from twisted.internet.protocol import Protocol as BodyProtocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
-from twisted.web.http import PotentialDataLoss
+from twisted.web.http import RESPONSES, PotentialDataLoss
 from zope.interface import implementer
 
 from crossbar._twisted import direct, write_now
@@ -57,6 +58,7 @@ class Response:
 
     code: int
     phrase: bytes
+    """The host's reason phrase, or the standard one when the host's is not fit to pass on."""
     headers: list[tuple[bytes, bytes]]
     """As sent, in order, names as the host spelled them."""
     length: int | None
@@ -123,6 +125,22 @@ class _BodyControl:
             response._connection.abort()
 
 
+MAX_PHRASE = 64
+"""Longest reason phrase passed on as the host wrote it."""
+_PRINTABLE = re.compile(rb"[\x20-\x7e]*")
+
+
+def shown_phrase(code: int, phrase: bytes) -> bytes:
+    """The reason phrase to pass on to a client: the host's when it is short printable
+    ASCII, else the standard one for the code (empty when there is none).
+
+    llhttp takes any byte but CR and LF there; a client may print it, or choke on it.
+    """
+    if len(phrase) <= MAX_PHRASE and _PRINTABLE.fullmatch(phrase):
+        return phrase
+    return RESPONSES.get(code, b"")
+
+
 IDLE, _HEAD, _BODY, _CLOSED = range(4)
 """A connection's states: ``IDLE`` in the pool (any byte from the host drops it),
 ``_HEAD`` waiting for the status line, ``_BODY`` while the answer's body comes in,
@@ -172,12 +190,16 @@ class Connection(BodyProtocol):
         self.abort()
         return False
 
-    def send(self, waiter: Waiter, data: bytes, head_only: bool) -> None:
+    def send(self, waiter: Waiter, data: tuple[bytes, ...], head_only: bool) -> None:
         self.state = _HEAD
         self._waiter = waiter
         self._got_bytes = False
         self._parser.expect(head_only)
-        write_now(self._direct, self.transport, data)
+        transport: Any = self.transport
+        head, *apart = data
+        write_now(self._direct, transport, head)
+        for body in apart:  # queued whole: sending part of it now would copy the rest
+            transport.write(body)
 
     def cancel(self) -> None:
         """The caller gave up before the status line: the connection cannot be reused."""
@@ -200,7 +222,8 @@ class Connection(BodyProtocol):
     def _head(self, head: Head) -> None:
         self.state = _BODY
         self._keep_alive = head.keep_alive
-        response = Response(head.code, head.phrase, head.headers, head.length, self)
+        phrase = shown_phrase(head.code, head.phrase)
+        response = Response(head.code, phrase, head.headers, head.length, self)
         self.response = response
         waiter, self._waiter = self._waiter, None
         if waiter is not None:

@@ -32,6 +32,11 @@ def describe(reason: BaseException | Failure) -> str:
     exc = reason.value if isinstance(reason, Failure) else reason
     if isinstance(exc, ResponseNeverReceived | ResponseFailed):
         inner = [describe(r) for r in exc.reasons]
+        tls = [words for words in inner if words.startswith("TLS: ")]
+        if tls and isinstance(exc, ResponseNeverReceived):
+            return tls[0]  # the handshake failed: nothing was asked, nothing answered
+        if inner and all(isinstance(r.value, BadAnswer) for r in exc.reasons):
+            return "; ".join(inner)  # refused by crossbar, whether in the head or the body
         prefix = (
             "closed before answering"
             if isinstance(exc, ResponseNeverReceived)
@@ -52,6 +57,8 @@ def describe(reason: BaseException | Failure) -> str:
         return f"bad answer: {exc}"
     if exc is not None and type(exc).__module__.startswith("OpenSSL"):
         return f"TLS: {_tls_reason(exc)}"
+    if exc is not None and type(exc).__module__.startswith("service_identity"):
+        return "TLS: the certificate is for another host name"
     if isinstance(exc, OSError) and exc.errno is not None:
         return _words(exc.errno)
     text = str(exc).strip().splitlines()

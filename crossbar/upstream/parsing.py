@@ -29,6 +29,8 @@ MAX_HEAD = 64 * 1024
 """Largest status line and headers accepted, counting any interim answers before them."""
 MAX_TRAILERS = 64 * 1024
 """Largest trailer section accepted after a chunked body."""
+MAX_INTERIM = 10
+"""Most interim (1xx) answers accepted before the final one, so that endless ones end."""
 
 _END = b"\r\n\r\n"
 _OWS = b" \t"
@@ -101,6 +103,7 @@ class AnswerParser:
         self._llhttp = HttpResponseParser(self)
         self._head_only = False
         self._head_bytes = 0  # fed since expect(), until the final head is complete
+        self._interims = 0  # interim answers since expect()
         self._tail = b""  # last bytes of the head fed so far: a blank line may span feeds
         self._prefix = b""  # first bytes of the answer, which must be b"HTTP/"
         self._phrase: list[bytes] = []
@@ -128,6 +131,7 @@ class AnswerParser:
         self._llhttp = HttpResponseParser(self)
         self._head_only = head_only
         self._head_bytes = 0
+        self._interims = 0
         self._tail = b""
         self._new_answer()
         self._quiet = 0
@@ -218,6 +222,9 @@ class AnswerParser:
                 break
             if not self._interim:
                 raise BadAnswer("malformed head")
+            self._interims += 1
+            if self._interims > MAX_INTERIM:
+                raise BadAnswer(f"more than {MAX_INTERIM} interim (1xx) answers")
             # An interim answer: the final one follows, on a fresh llhttp parser (llhttp
             # refuses bytes after, for one, an HTTP/1.0 100 Continue).
             self._llhttp = HttpResponseParser(self)

@@ -4,8 +4,8 @@ request at a time on each.
 Twisted's ``Agent`` does the same through layers a proxy does not need and that
 cost about a third of crossbar's CPU per request: a URL parsed for every request, a
 chain of Deferreds to write a body already in memory, a pause and a resume of every
-pooled connection. Here the request goes out in one ``write``; the answer is read by
-:mod:`crossbar.upstream.connection`.
+pooled connection. Here the request goes out in one ``write`` (a large body in a second
+one, never copied); the answer is read by :mod:`crossbar.upstream.connection`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from twisted.web.client import ResponseNeverReceived
 from crossbar.upstream.connection import IDLE, Connection, ConnectionFactory, Response
 from crossbar.upstream.endpoints import IDLE_POOL_TIMEOUT, endpoint_for
 
+BODY_APART = 64 * 1024
+"""A body larger than this goes out as a write of its own after the head: joined to the
+head it would be copied, 16 MiB more for a 16 MiB body."""
+
 
 class _Call:
     """One request to one host, until its status line arrives.
@@ -32,7 +36,9 @@ class _Call:
     mark a healthy host down.
     """
 
-    def __init__(self, pool: Upstreams, host: str, data: bytes, head_only: bool) -> None:
+    def __init__(
+        self, pool: Upstreams, host: str, data: tuple[bytes, ...], head_only: bool
+    ) -> None:
         self.pool = pool
         self.host = host
         self.data = data
@@ -102,6 +108,8 @@ class Upstreams:
 
     Idle connections are reused newest first, closed after ``idle_timeout`` seconds
     (one timer for the whole pool), and at most ``max_idle`` are kept per host.
+    ``tls_cas`` (host name -> PEM) are the CAs an ``https://`` host's certificate must
+    chain to instead of the system's.
     """
 
     def __init__(
@@ -112,6 +120,7 @@ class Upstreams:
         max_idle: int = 64,
         idle_timeout: float = IDLE_POOL_TIMEOUT,
         clock: IReactorTime | None = None,
+        tls_cas: Mapping[str, bytes] | None = None,
     ) -> None:
         self._clock: IReactorTime = clock or reactor
         self._max_idle = max_idle
@@ -121,7 +130,8 @@ class Upstreams:
         self._prefix: dict[str, bytes] = {}
         self._host_line: dict[str, bytes] = {}
         for name, url in urls.items():
-            target = endpoint_for(reactor, url, connect_timeouts.get(name, 5.0))
+            ca = (tls_cas or {}).get(name)
+            target = endpoint_for(reactor, url, connect_timeouts.get(name, 5.0), ca)
             self._endpoints[name] = target.endpoint
             self._prefix[name] = target.path.rstrip(b"/")
             self._host_line[name] = b"Host: " + target.authority + b"\r\n"
@@ -138,12 +148,13 @@ class Upstreams:
         :class:`Response` once its headers are in; cancelling closes the connection."""
         head = [method, b" ", self._prefix[host], path, b" HTTP/1.1\r\n", self._host_line[host]]
         head.append(headers)
-        if body is not None:
-            head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-            head.append(body)
+        head.append(b"\r\n" if body is None else b"Content-Length: %d\r\n\r\n" % len(body))
+        data: tuple[bytes, ...]
+        if body is not None and len(body) > BODY_APART:
+            data = (b"".join(head), body)
         else:
-            head.append(b"\r\n")
-        call = _Call(self, host, b"".join(head), method == b"HEAD")
+            data = (b"".join([*head, body or b""]),)
+        call = _Call(self, host, data, method == b"HEAD")
         call.start()
         return call.result
 
