@@ -29,6 +29,7 @@ from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
 from crossbar.server.exchange import ProxyContext
+from crossbar.server.keys import KeyGuard, Pages
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import ProxyResource, RootResource
 from crossbar.server.site import Site
@@ -77,10 +78,15 @@ class Crossbar(MultiService):
 
         poll_pool = make_pool(reactor, per_host=1)
         poll_timeouts = {name: s.poll_timeout for name, s in settings.items()}
-        self._client = HTTPClient(make_agent(reactor, poll_pool, config.urls, poll_timeouts))
-        self.poller = Poller(self.table, self._client, reactor)
+        tls_cas = {name: h.tls_ca for name, h in config.hosts.items() if h.tls_ca}
+        host_keys = {name: h.api_key for name, h in config.hosts.items() if h.api_key}
+        poll_agent = make_agent(reactor, poll_pool, config.urls, poll_timeouts, tls_cas=tls_cas)
+        self._client = HTTPClient(poll_agent)
+        self.poller = Poller(self.table, self._client, reactor, keys=host_keys)
         connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
-        upstreams = Upstreams(reactor, config.urls, connect_timeouts, max_idle=MAX_IDLE_PER_HOST)
+        upstreams = Upstreams(
+            reactor, config.urls, connect_timeouts, max_idle=MAX_IDLE_PER_HOST, tls_cas=tls_cas
+        )
         self.metrics = Metrics(self.table, self.traffic)
         self.recent = RecentTraffic(config.hosts, reactor)
         observer = Observers(self.metrics, self.recent)
@@ -100,10 +106,17 @@ class Crossbar(MultiService):
 
         root = RootResource(self.proxy)
         status_root = self.status.resource()
-        root.putChild(b"_crossbar", status_root)
+        own_pages = config.status_listen is not None
+        root.putChild(b"_crossbar", self.status.probes() if own_pages else status_root)
         self.site = Site(
-            root, proxy=self.proxy, timeout=CLIENT_IDLE_TIMEOUT, parsePOSTFormSubmission=False
+            root,
+            proxy=self.proxy,
+            guard=_guard(config, "probes" if own_pages else "all"),
+            limits=config.limits,
+            timeout=CLIENT_IDLE_TIMEOUT,
+            parsePOSTFormSubmission=False,
         )
+        self.metrics.count_connections(self.site)
 
         _ClosePools(poll_pool, upstreams).setServiceParent(self)
         self.poller.setServiceParent(self)
@@ -114,12 +127,37 @@ class Crossbar(MultiService):
             # A private loopback port where the other workers ask for this one's metrics.
             admin = Resource()
             admin.putChild(b"_crossbar", status_root)
+            # Guarded like the pages: any local user can reach a loopback port.
             private = Listener(
                 TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
-                Site(admin, internal=True, timeout=30, parsePOSTFormSubmission=False),
+                Site(
+                    admin,
+                    internal=True,
+                    guard=_guard(config, "only"),
+                    timeout=30,
+                    parsePOSTFormSubmission=False,
+                ),
             )
             private.setServiceParent(self)
             private.listening.addCallback(publish_port, worker.port_file(worker.index))
+        self.status_listener: Listener | None = None
+        if config.status_listen is not None:
+            # Started before the main port, so that the announcement knows both.
+            self.status_listener = Listener(
+                serverFromString(reactor, config.status_listen)
+                if worker is None
+                else ReusePortEndpoint(reactor, config.status_listen),
+                Site(
+                    self.status.own_root(),
+                    internal=True,  # announced with the routes, not as a second crossbar
+                    guard=_guard(config, "only"),
+                    limits=config.limits,
+                    timeout=CLIENT_IDLE_TIMEOUT,
+                    parsePOSTFormSubmission=False,
+                ),
+                name=shown_listen(config.status_listen),
+            )
+            self.status_listener.setServiceParent(self)
         self.listener = Listener(endpoint, self.site, name=shown_listen(config.listen))
         self.listener.setServiceParent(self)
         if worker is None or worker.index == 0:
@@ -127,12 +165,27 @@ class Crossbar(MultiService):
 
     def _announce(self, port: IListeningPort) -> None:
         """Say what this crossbar serves, with the base URLs to paste into an agent."""
-        address: Any = port.getHost()
-        for line in announcement(self.config, getattr(address, "port", None), gethostname()):
+        pages = self.status_listener.port if self.status_listener is not None else None
+        lines = announcement(self.config, _port(port), gethostname(), _port(pages))
+        for line in lines:
             log.info("{line}", line=line)
 
     def _all_metrics(self, worker: WorkerInfo) -> Deferred[bytes]:
-        return Deferred.fromCoroutine(gather_metrics(worker, self.metrics.render(), self._client))
+        keys = self.config.status_keys
+        own = self.metrics.render()
+        return Deferred.fromCoroutine(
+            gather_metrics(worker, own, self._client, keys[0] if keys else None)
+        )
+
+
+def _guard(config: Config, pages: Pages) -> KeyGuard | None:
+    """The keys of a listener, or ``None`` where there are none to ask for."""
+    guard = KeyGuard.for_config(config, pages)
+    return guard if guard.needed else None
+
+
+def _port(port: IListeningPort | None) -> int | None:
+    return None if port is None else getattr(port.getHost(), "port", None)
 
 
 def shown_listen(listen: str) -> str:
@@ -140,21 +193,40 @@ def shown_listen(listen: str) -> str:
     return listen.replace(f":backlog={LISTEN_BACKLOG}", "")
 
 
-def announcement(config: Config, port: int | None, hostname: str) -> list[str]:
-    """Start-up lines: where crossbar listens, and each route's base URL for agents."""
+def announcement(
+    config: Config, port: int | None, hostname: str, status_port: int | None = None
+) -> list[str]:
+    """Start-up lines: where crossbar listens, each route's base URL for agents (and
+    whether it wants a key: never which), and where the status pages are."""
     lines = [f"crossbar {__version__} listening on {shown_listen(config.listen)}"]
     if config.source == DEMO_SOURCE:
         lines.append("the fleet is simulated (--demo): no GPU, answers are made up")
+    base = _base_url(config.listen, port, hostname)
+    for name, route in config.routes.items():
+        model = route.default_model or "none"
+        key = "; a key is required" if route.api_keys else ""
+        lines.append(
+            f"route {name}: {base}/{name}/v1 -> hosts {', '.join(route.hosts)}; "
+            f"policy {route.policy}; default model {model}{key}"
+        )
+    pages = f"{base}/_crossbar/"
+    if config.status_listen is not None:
+        pages = _base_url(config.status_listen, status_port, hostname) + "/_crossbar/"
+        pages += " (the main port serves only /_crossbar/livez and /_crossbar/readyz)"
+    if config.status_keys:
+        pages += "; a status key is required (Authorization: Bearer <key>)"
+    lines.append(f"status pages: {pages}")
+    return lines
+
+
+def _base_url(listen: str, port: int | None, hostname: str) -> str:
+    """``http://<where>:<port>`` of a listener, or its endpoint as written when it has
+    no TCP port (a UNIX socket)."""
+    if port is None:
+        return shown_listen(listen)
     try:
-        interface = tcp_address(config.listen)[0]
+        interface = tcp_address(listen)[0]
     except ValueError:  # not a plain tcp: endpoint
         interface = ""
     where = interface if interface not in ("", "0.0.0.0", "::") else hostname
-    base = f"http://{where}:{port}" if port is not None else shown_listen(config.listen)
-    for name, route in config.routes.items():
-        model = route.default_model or "none"
-        lines.append(
-            f"route {name}: {base}/{name}/v1 -> hosts {', '.join(route.hosts)}; "
-            f"policy {route.policy}; default model {model}"
-        )
-    return lines
+    return f"http://{where}:{port}"

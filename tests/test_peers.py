@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.logger import LogLevel
 
+from crossbar.config import Secret
 from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_ports, publish_port
 from crossbar.testing import LogCapture
 
@@ -101,9 +102,11 @@ class FakeClient:
     def __init__(self, answers: Mapping[int, FakeResponse | Exception]) -> None:
         self.answers = answers
         self.asked: list[tuple[str, float]] = []
+        self.headers: list[Any] = []
 
-    def get(self, url: str, *, timeout: float) -> Deferred[Any]:
+    def get(self, url: str, *, timeout: float, headers: Any = None) -> Deferred[Any]:
         self.asked.append((url, timeout))
+        self.headers.append(headers)
         port = int(url.split(":")[2].split("/")[0])
         answer = self.answers[port]
         return fail(answer) if isinstance(answer, Exception) else succeed(answer)
@@ -140,6 +143,18 @@ async def test_gather_merges_its_own_metrics_with_the_peers(tmp_path: Path) -> N
         b'crossbar_requests_total{route="chat",worker="0"} 5.0\n'
         b'crossbar_requests_total{route="chat",worker="3"} 7.0\n'
     )
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_status_key_is_shown_to_every_peer(tmp_path: Path) -> None:
+    """A peer's private port wants a status key when the pages do."""
+    info = workers(tmp_path, {0: 40100, 3: 40103})
+    client = FakeClient({40100: FakeResponse(exposition(5)), 40103: FakeResponse(exposition(7))})
+    await gather_metrics(info, exposition(3), client, Secret(b"st-1"))
+    assert client.headers == [{b"Authorization": [b"Bearer st-1"]}] * 2
+    client = FakeClient({40100: FakeResponse(exposition(5)), 40103: FakeResponse(exposition(7))})
+    await gather_metrics(info, exposition(3), client)
+    assert client.headers == [{}] * 2
 
 
 @pytest_twisted.ensureDeferred

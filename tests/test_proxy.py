@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -18,14 +19,14 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from crossbar._twisted import client_gone
-from crossbar.config import HostSettings, RouteConfig
+from crossbar.config import HostSettings, Limits, RouteConfig
 from crossbar.fleet import HealthTable
-from crossbar.server.site import MAX_BODY
 from crossbar.service import Crossbar
 from tests import support
 from tests.support import header
 
 Handler = Callable[[server.Request], Any]
+MAX_BODY = Limits().max_body
 
 
 class Upstream(Resource):
@@ -220,6 +221,9 @@ async def test_forwarding_keeps_path_query_body_and_sets_forwarded_headers(rig: 
             "X-Secret-Hop": "drop me",
             "Keep-Alive": "timeout=5",
             "Authorization": "Bearer sk-test",
+            "Forwarded": "for=192.0.2.60",
+            "X-Real-IP": "192.0.2.60",
+            "X-Crossbar-Host": "gpu-z",
         },
     )
     assert response.code == 200
@@ -231,14 +235,39 @@ async def test_forwarding_keeps_path_query_body_and_sets_forwarded_headers(rig: 
     headers = seen["headers"]
     host = rig.upstreams["gpu-a"].url.removeprefix("http://")
     assert headers["host"] == [host]
-    assert headers["x-forwarded-for"] == ["10.9.9.9, 127.0.0.1"]
+    assert headers["x-forwarded-for"] == ["127.0.0.1"]  # 127.0.0.1 is no trusted proxy
     assert headers["x-forwarded-proto"] == ["http"]
     assert headers["x-forwarded-host"] == [rig.base.removeprefix("http://")]
     assert headers["authorization"] == ["Bearer sk-test"]
     assert headers["content-length"] == [str(len(body))]
-    for hop in ("x-secret-hop", "keep-alive"):
+    for hop in ("x-secret-hop", "keep-alive", "forwarded", "x-real-ip", "x-crossbar-host"):
         assert hop not in headers
     assert headers.get("connection", ["close"]) != ["keep-alive, X-Secret-Hop"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_trusted_proxy_s_forwarded_for_is_extended(reactor: Any) -> None:
+    upstream = Upstream(("m1",))
+    upstream.port = reactor.listenTCP(0, site(upstream), interface="127.0.0.1")
+    trusted = (ipaddress.ip_network("127.0.0.0/8"),)
+    built = await support.build(
+        {"gpu-a": upstream.url},
+        routes={"lab": RouteConfig("lab", ("gpu-a",), "m1")},
+        up=("gpu-a",),
+        adjust=lambda config: attrs.evolve(config, trusted_proxies=trusted),
+    )
+    try:
+        response = await built.client.post(
+            built.base + "/lab/v1/chat/completions",
+            data=b"{}",
+            headers={"X-Forwarded-For": "10.9.9.9", "X-Real-IP": "10.9.9.9"},
+        )
+        seen = json.loads(await treq.content(response))
+    finally:
+        await support.teardown(built)
+        await upstream.port.stopListening()
+    assert seen["headers"]["x-forwarded-for"] == ["10.9.9.9, 127.0.0.1"]
+    assert "x-real-ip" not in seen["headers"]
 
 
 @pytest_twisted.ensureDeferred

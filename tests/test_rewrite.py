@@ -1,22 +1,24 @@
-"""crossbar.server.rewrite: which route a path names, which model a body asks for, and
-which header lines cross to the host. Pure rules, called directly."""
+"""crossbar.server.rewrite: which route a path names and which header lines cross to the
+host. Pure rules, called directly."""
 
 from __future__ import annotations
 
-import json
+import ipaddress
 from collections.abc import Sequence
 
 import pytest
 
+from crossbar.config import Config, HostConfig, Secret
+from crossbar.server import rewrite
 from crossbar.server.rewrite import (
     BadTarget,
     allowed_path,
+    host_keys,
     json_body,
     parse_target,
-    peek_model,
     printable,
+    trusted_proxy,
     upstream_headers,
-    with_model,
 )
 
 Headers = list[tuple[bytes, Sequence[bytes]]]
@@ -70,41 +72,6 @@ def test_allowed_paths(rest: bytes, ok: bool) -> None:
     assert allowed_path(rest) is ok
 
 
-def test_peek_model() -> None:
-    assert peek_model(b'{"model": "m1", "messages": []}').model == "m1"
-    # A "model" inside a message never fools the peek.
-    fooled = peek_model(b'{"messages": [{"content": "\\"model\\": \\"evil\\""}], "model": "m2"}')
-    assert fooled.model == "m2"
-    nested = peek_model(b'{"messages": [{"model": "inner"}]}')
-    assert (nested.model, nested.missing) == (None, True)
-    for body in (b"not json", b"[1, 2]", b'"model"', b"", b"{broken"):
-        assert (peek_model(body).model, peek_model(body).missing) == (None, False)
-    for body in (b'{"model": null}', b'{"model": ""}', b'{"model": 3}'):
-        assert (peek_model(body).model, peek_model(body).missing) == (None, False)
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b'{"messages": [{"role": "user", "content": "hi"}]}',
-        b'  {\n  "stream": true\n}\n',
-        b"{}",
-        b"{ }",
-    ],
-)
-def test_with_model_keeps_every_other_byte(body: bytes) -> None:
-    out = with_model(body, "qwen")
-    doc = json.loads(out)
-    assert doc["model"] == "qwen"
-    original = json.loads(body)
-    assert {k: v for k, v in doc.items() if k != "model"} == original
-    assert out.replace(b'"model":"qwen",', b"").replace(b'"model":"qwen"', b"") == body
-
-
-def test_with_model_escapes_the_name() -> None:
-    assert with_model(b"{}", 'a"b') == b'{"model":"a\\"b"}'
-
-
 # -- json_body --------------------------------------------------------------------------------
 
 
@@ -120,11 +87,19 @@ def test_json_body_is_ascii() -> None:
 # -- upstream_headers -------------------------------------------------------------------------
 
 
-def lines(headers: Headers, client: str = "10.1.2.3", secure: bool = False) -> list[bytes]:
-    """The header lines for the host, each without its CRLF."""
-    out = upstream_headers(headers, client, secure)
+def lines(
+    headers: Headers, client: str = "10.1.2.3", secure: bool = False, trusted: bool = False
+) -> list[bytes]:
+    """The header lines for the host (credentials apart), each without its CRLF."""
+    out, _ = upstream_headers(headers, client, secure, trusted)
     assert out.endswith(b"\r\n")
     return out[:-2].split(b"\r\n")
+
+
+def credentials(headers: Headers) -> list[bytes]:
+    """The client's credential lines, each without its CRLF."""
+    _, out = upstream_headers(headers, "10.1.2.3", False)
+    return out.split(b"\r\n")[:-1]
 
 
 def test_plain_headers_pass_in_order_with_repeats_and_forwarded_added() -> None:
@@ -138,13 +113,33 @@ def test_plain_headers_pass_in_order_with_repeats_and_forwarded_added() -> None:
     assert lines(headers) == [
         b"Accept: text/event-stream",
         b"Accept: application/json",
-        b"Authorization: Bearer k",
         b"X-Trace:  a b ",
         b"Accept: */*",
         b"X-Forwarded-For: 10.1.2.3",
         b"X-Forwarded-Proto: http",
         b"X-Forwarded-Host: crossbar.lab:8080",
     ]
+    assert credentials(headers) == [b"Authorization: Bearer k"]
+
+
+def test_the_client_s_credentials_come_apart_in_order() -> None:
+    """The exchange sends them only to a host without a key, on a route without keys."""
+    headers: Headers = [
+        (b"x-api-key", [b"one"]),
+        (b"Accept", [b"*/*"]),
+        (b"AUTHORIZATION", [b"Bearer two", b"Basic dGhyZWU="]),
+    ]
+    assert credentials(headers) == [
+        b"x-api-key: one",
+        b"AUTHORIZATION: Bearer two",
+        b"AUTHORIZATION: Basic dGhyZWU=",
+    ]
+    assert lines(headers) == [
+        b"Accept: */*",
+        b"X-Forwarded-For: 10.1.2.3",
+        b"X-Forwarded-Proto: http",
+    ]
+    assert credentials([(b"Accept", [b"*/*"])]) == []
 
 
 def test_hop_by_hop_and_framing_headers_are_not_forwarded() -> None:
@@ -170,30 +165,59 @@ def test_hop_by_hop_and_framing_headers_are_not_forwarded() -> None:
         b"X-Forwarded-Proto: http",
         b"X-Forwarded-Host: crossbar",
     ]
+    assert credentials(headers) == []
 
 
 def test_headers_named_in_connection_are_dropped_whatever_their_case() -> None:
     headers: Headers = [
-        (b"Connection", [b"close, X-Secret ", b"x-other"]),
+        (b"Connection", [b"close, X-Secret ", b"x-other, X-Api-Key"]),
         (b"x-secret", [b"s"]),
         (b"X-OTHER", [b"o"]),
         (b"X-Kept", [b"k"]),
+        (b"X-Api-Key", [b"hop"]),
+        (b"Authorization", [b"Bearer kept"]),
     ]
     assert lines(headers) == [
         b"X-Kept: k",
         b"X-Forwarded-For: 10.1.2.3",
         b"X-Forwarded-Proto: http",
     ]
+    assert credentials(headers) == [b"Authorization: Bearer kept"]
 
 
-def test_client_forwarded_for_is_extended_and_the_others_are_replaced() -> None:
+def test_what_only_crossbar_may_say_is_never_taken_from_a_client() -> None:
+    """A host (or its logs) must not believe a client that claims to be someone else,
+    or that writes the headers crossbar itself adds."""
+    headers: Headers = [
+        (b"Forwarded", [b"for=192.0.2.60;proto=https"]),
+        (b"X-Real-IP", [b"192.0.2.60"]),
+        (b"X-Crossbar-Host", [b"gpu-z"]),
+        (b"x-crossbar-anything", [b"1"]),
+        (b"X-CROSSBAR-ROUTE", [b"r"]),
+        (b"X-Crossbarish", [b"not ours"]),
+        (b"X-Forwarded-Proto", [b"https"]),
+        (b"X-Forwarded-Host", [b"spoofed.example"]),
+        (b"Host", [b"crossbar.lab"]),
+    ]
+    assert lines(headers) == [
+        b"X-Crossbarish: not ours",
+        b"X-Forwarded-For: 10.1.2.3",
+        b"X-Forwarded-Proto: http",
+        b"X-Forwarded-Host: crossbar.lab",
+    ]
+
+
+def test_a_client_s_forwarded_for_is_replaced_unless_it_is_a_trusted_proxy() -> None:
     headers: Headers = [
         (b"X-Forwarded-For", [b"192.0.2.1, 192.0.2.2", b"192.0.2.3"]),
-        (b"X-Forwarded-Proto", [b"http"]),
-        (b"X-Forwarded-Host", [b"spoofed.example"]),
         (b"Host", [b"crossbar.lab", b"second.lab"]),
     ]
     assert lines(headers, client="::1", secure=True) == [
+        b"X-Forwarded-For: ::1",
+        b"X-Forwarded-Proto: https",
+        b"X-Forwarded-Host: crossbar.lab",
+    ]
+    assert lines(headers, client="::1", secure=True, trusted=True) == [
         b"X-Forwarded-For: 192.0.2.1, 192.0.2.2, 192.0.2.3, ::1",
         b"X-Forwarded-Proto: https",
         b"X-Forwarded-Host: crossbar.lab",
@@ -207,6 +231,26 @@ def test_without_host_there_is_no_forwarded_host() -> None:
     ]
 
 
+def test_header_names_past_the_remembered_ones_are_sorted_all_the_same() -> None:
+    """Names are remembered up to a bound; a client sending thousands of new ones still
+    gets each line sorted right, and the memory does not grow."""
+    many: Headers = [(b"X-N%d" % i, [b"v"]) for i in range(3000)]
+    tail: Headers = [
+        (b"X-Crossbar-Late", [b"1"]),
+        (b"X-Api-Key-Late", [b"2"]),
+        (b"X-Api-Key", [b"k"]),
+    ]
+    out = lines(many + tail)
+    assert out[:3000] == [b"X-N%d: v" % i for i in range(3000)]
+    assert out[3000:] == [
+        b"X-Api-Key-Late: 2",
+        b"X-Forwarded-For: 10.1.2.3",
+        b"X-Forwarded-Proto: http",
+    ]
+    assert credentials(many + tail) == [b"X-Api-Key: k"]
+    assert len(rewrite._KINDS) <= 1024
+
+
 def test_cr_or_lf_in_a_value_cannot_start_a_header_line() -> None:
     headers: Headers = [
         (b"X-A", [b"one\r\nX-Injected: 1"]),
@@ -214,8 +258,9 @@ def test_cr_or_lf_in_a_value_cannot_start_a_header_line() -> None:
         (b"X-C", [b"three\rX-Injected: 3"]),
         (b"X-Forwarded-For", [b"192.0.2.1\r\nX-Injected: 4"]),
         (b"Host", [b"h\r\nX-Injected: 5"]),
+        (b"Authorization", [b"Bearer k\r\nX-Injected: 6"]),
     ]
-    out = upstream_headers(headers, "10.1.2.3", False)
+    out, creds = upstream_headers(headers, "10.1.2.3", False, trusted=True)
     assert out.count(b"\r") == out.count(b"\n") == out.count(b"\r\n") == 6
     assert out.split(b"\r\n") == [
         b"X-A: one  X-Injected: 1",
@@ -226,6 +271,42 @@ def test_cr_or_lf_in_a_value_cannot_start_a_header_line() -> None:
         b"X-Forwarded-Host: h  X-Injected: 5",
         b"",
     ]
+    assert creds == b"Authorization: Bearer k  X-Injected: 6\r\n"
+
+
+@pytest.mark.parametrize(
+    ("client", "trusted"),
+    [
+        ("10.1.2.3", True),
+        ("10.2.0.1", False),
+        ("192.168.7.7", True),
+        ("::ffff:10.1.2.3", True),  # an IPv4 peer on an IPv6 socket
+        ("fd00::1", True),
+        ("fd01::1", False),
+        ("unknown", False),  # no IP address at all (a UNIX socket)
+        ("/run/crossbar.sock", False),
+    ],
+)
+def test_trusted_proxy(client: str, trusted: bool) -> None:
+    networks = (
+        ipaddress.ip_network("10.1.0.0/16"),
+        ipaddress.ip_network("192.168.7.7/32"),
+        ipaddress.ip_network("fd00::/64"),
+    )
+    assert trusted_proxy(client, networks) is trusted
+    assert trusted_proxy(client, ()) is False
+
+
+def test_each_host_with_a_key_gets_its_own_authorization_line() -> None:
+    config = Config(
+        listen="tcp:0",
+        hosts={
+            "gpu-a": HostConfig("gpu-a", "http://a", api_key=Secret(b"key-a")),
+            "gpu-b": HostConfig("gpu-b", "http://b"),
+        },
+        routes={},
+    )
+    assert host_keys(config) == {"gpu-a": b"Authorization: Bearer key-a\r\n"}
 
 
 @pytest.mark.parametrize(

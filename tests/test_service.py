@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -94,6 +95,53 @@ def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path, port: i
     assert f"crossbar 0.1.0 listening on tcp:{port}:interface=127.0.0.1" in out
     assert f"route lab: http://127.0.0.1:{port}/lab/v1 -> hosts gpu-a;" in out
     assert "simulated" not in out
+
+
+def request(url: str, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    asked = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(asked, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path, port: int) -> None:
+    pages = free_port()
+    (tmp_path / "crossbar.yaml").write_text(
+        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
+        f'status_listen: "tcp:{pages}:interface=127.0.0.1"\n'
+        'status_keys: ["${B2_STATUS_KEY}"]\n'
+        "api_keys: [route-key-77]\n"
+        "poll_interval: 1h\n"
+        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n"
+    )
+    proc = subprocess.Popen(
+        [TWISTD, "-n", "--pidfile=", "crossbar", "-c", "crossbar.yaml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "B2_STATUS_KEY": "status-key-88"},
+    )
+    main, own = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{pages}"
+    try:
+        wait_for_port(port, proc)
+        assert request(main + "/lab/v1/models") == (401, {"error": "unauthorized"})
+        assert request(main + "/lab/v1/models", {"X-Api-Key": "route-key-77"})[0] == 503
+        assert request(main + "/_crossbar/status") == (404, {"error": "not found"})
+        assert request(main + "/_crossbar/livez") == (200, {"live": True})
+        assert request(own + "/_crossbar/status") == (401, {"error": "unauthorized"})
+        code, status = request(own + "/_crossbar/status", {"Authorization": "Bearer status-key-88"})
+        assert code == 200 and "gpu-a" in status["hosts"]  # type: ignore[index]
+    finally:
+        code, out = stop(proc)
+    assert code == 0, out
+    assert f"status pages: {own}/_crossbar/ (the main port serves only" in out
+    assert "lab - GET /v1/models 503" in out and "- - GET /lab/v1/models 401" in out
+    assert out.count(" starting on ") == 1, out  # the pages' port is announced once, above
+    assert "route-key-77" not in out and "status-key-88" not in out
 
 
 def test_a_log_file_given_to_twistd_gets_the_log(tmp_path: Path, port: int) -> None:
@@ -215,4 +263,35 @@ def test_the_start_up_lines_give_each_route_s_base_url(
         f"crossbar 0.1.0 listening on {listen.replace(':backlog=1024', '')}",
         f"route lab: {base}/lab/v1 -> hosts gpu-a, gpu-b; policy least_busy; default model m1",
         f"route spare: {base}/spare/v1 -> hosts gpu-b; policy priority; default model none",
+        f"status pages: {base}/_crossbar/",
     ]
+
+
+def test_the_start_up_lines_say_which_routes_want_keys_and_where_the_pages_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENCODE_KEY", "oc-secret-1")
+    config = parse_config(
+        {
+            "listen": 7777,
+            "status_listen": "tcp:9101:interface=127.0.0.1",
+            "status_keys": ["st-secret-2"],
+            "hosts": {"gpu-a": {"url": "http://10.0.0.1:8080", "api_key": "host-secret-3"}},
+            "routes": {
+                "lab": {"hosts": ["gpu-a"], "api_keys": ["${OPENCODE_KEY}"]},
+                "open": {"hosts": ["gpu-a"]},
+            },
+        }
+    )
+    lines = announcement(config, 7777, "gpu-box", 9101)
+    assert lines == [
+        "crossbar 0.1.0 listening on tcp:7777",
+        "route lab: http://gpu-box:7777/lab/v1 -> hosts gpu-a; policy priority; "
+        "default model none; a key is required",
+        "route open: http://gpu-box:7777/open/v1 -> hosts gpu-a; policy priority; "
+        "default model none",
+        "status pages: http://127.0.0.1:9101/_crossbar/ (the main port serves only "
+        "/_crossbar/livez and /_crossbar/readyz); a status key is required "
+        "(Authorization: Bearer <key>)",
+    ]
+    assert not any("secret" in line for line in lines)

@@ -568,6 +568,39 @@ async def test_other_paths_and_methods_answer_json(desk: Desk) -> None:
     assert json.loads(body) == {"error": "method not allowed"}
 
 
+@pytest_twisted.ensureDeferred
+async def test_with_a_listener_of_their_own_the_pages_leave_only_the_probes_behind() -> None:
+    config = lab_config({"gpu-a": "http://10.0.0.1:8080"}, {"lab": {"hosts": ["gpu-a"]}})
+    clock = Clock()
+    table = HealthTable({"gpu-a": "http://10.0.0.1:8080"}, clock)
+    app = status_app(config, table, FakeProxy(in_flight={"gpu-a": 0}), clock)
+
+    async def get(http: StubTreq, path: str, method: str = "GET") -> tuple[int, Any]:
+        response = await http.request(method, "http://crossbar" + path, allow_redirects=False)
+        body = await treq.content(response)
+        return response.code, json.loads(body) if body.startswith(b"{") else body
+
+    main = StubTreq(app.probes())  # mounted at /_crossbar/ of the main port
+    assert await get(main, "/livez") == (200, {"live": True})
+    assert await get(main, "/readyz") == (503, {"ready": False, "routes_down": ["lab"]})
+    table.record_ok("gpu-a", loaded=["m1"], known=["m1"])
+    assert (await get(main, "/readyz"))[0] == 200
+    for path in ("/", "/status", "/status/gpu-a", "/metrics", "/livez/x"):
+        assert await get(main, path) == (404, {"error": "not found"})
+    assert (await get(main, "/livez", "POST"))[0] == 405
+
+    own = StubTreq(app.own_root())  # the root of status_listen
+    code, status = await get(own, "/_crossbar/status")
+    assert code == 200 and list(status["hosts"]) == ["gpu-a"]
+    assert (await get(own, "/_crossbar/metrics"))[0] == 200
+    assert (await get(own, "/_crossbar/livez"))[0] == 200
+    for path in ("/lab/v1/models", "/status", "/favicon.ico"):
+        assert await get(own, path) == (404, {"error": "not found"})
+    response = await own.get("http://crossbar/", allow_redirects=False)
+    await treq.content(response)
+    assert response.code == 302 and header(response, "location") == "/_crossbar/"
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [

@@ -18,7 +18,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
-from twisted.web.resource import IResource
+from twisted.web.resource import IResource, Resource
+from twisted.web.util import Redirect
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from crossbar import __version__
@@ -67,6 +68,16 @@ class StatusApp:
 
     def resource(self) -> IResource:
         return self.app.resource()
+
+    def probes(self) -> IResource:
+        """``/_crossbar/`` of the main port when the pages have a listener of their own:
+        ``livez`` and ``readyz`` for a load balancer, a JSON 404 for the rest."""
+        return _ProbesOnly(self.resource())
+
+    def own_root(self) -> IResource:
+        """The root of the pages' own listener (``status_listen``): ``/_crossbar/`` as on
+        the main port, ``/`` sends a browser there, a JSON 404 for anything else."""
+        return _PagesRoot(self.resource())
 
     # -- views of the state ----------------------------------------------------------------
 
@@ -168,14 +179,49 @@ class StatusApp:
 
     @app.handle_errors(NotFound)
     def not_found(self, request: IRequest, failure: Failure) -> bytes:
-        request.setResponseCode(404)
-        return _json(request, {"error": "not found"})
+        return _not_found(request)
 
     @app.handle_errors(MethodNotAllowed)
     def not_allowed(self, request: IRequest, failure: Failure) -> bytes:
         request.setResponseCode(405)
         request.setHeader(b"allow", b"GET, HEAD")
         return _json(request, {"error": "method not allowed"})
+
+
+class _ProbesOnly(Resource):
+    isLeaf = True
+
+    def __init__(self, pages: IResource) -> None:
+        super().__init__()
+        self._pages = pages
+
+    def render(self, request: Any) -> bytes | int:
+        if request.postpath in ([b"livez"], [b"readyz"]):
+            result: bytes | int = self._pages.render(request)
+            return result
+        return _not_found(request)
+
+
+class _PagesRoot(Resource):
+    def __init__(self, pages: IResource) -> None:
+        super().__init__()
+        self.putChild(b"_crossbar", pages)
+        self.putChild(b"", Redirect(b"/_crossbar/"))
+
+    def getChild(self, path: bytes, request: Any) -> IResource:
+        return _NotFound()
+
+
+class _NotFound(Resource):
+    isLeaf = True
+
+    def render(self, request: Any) -> bytes:
+        return _not_found(request)
+
+
+def _not_found(request: IRequest) -> bytes:
+    request.setResponseCode(404)
+    return _json(request, {"error": "not found"})
 
 
 def _route_json(

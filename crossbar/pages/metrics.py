@@ -10,6 +10,7 @@ of crossbars (as in the tests) can live in one process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -84,6 +85,33 @@ class _FleetCollector:
         )
 
 
+class ClientConnections(Protocol):
+    """What a listening site counts of its client connections (crossbar.server's Site)."""
+
+    open_connections: int
+    refused_connections: int
+
+
+class _ConnectionsCollector:
+    """Reads a site's connection counts when scraped: nothing is copied per connection."""
+
+    def __init__(self, site: ClientConnections) -> None:
+        self._site = site
+
+    def collect(self) -> Iterable[Metric]:
+        refused = CounterMetricFamily(
+            "crossbar_connections_refused",
+            "Client connections closed at once because max_connections were open.",
+            value=self._site.refused_connections,
+        )
+        open_now = GaugeMetricFamily(
+            "crossbar_client_connections",
+            "Client connections open now.",
+            value=self._site.open_connections,
+        )
+        return [refused, open_now]
+
+
 class _Children:
     """The label children of one (route, host), resolved once and reused."""
 
@@ -134,6 +162,11 @@ class Metrics:
         self.registry.register(_FleetCollector(table, traffic))
         self._children: dict[tuple[str, str], _Children] = {}
         self._codes: dict[tuple[str, str, int], Counter] = {}
+
+    def count_connections(self, site: ClientConnections) -> None:
+        """Publish the client connections of ``site`` (the main listener's), read when
+        scraped."""
+        self.registry.register(_ConnectionsCollector(site))
 
     def request_done(self, outcome: Outcome) -> None:
         """Count one ended request; on every request's path, so label lookups are cached."""

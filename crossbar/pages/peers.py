@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
+from crossbar.config import Secret
 from crossbar.pages.metrics import merge_workers
 from crossbar.upstream import describe
 
@@ -49,14 +50,19 @@ def publish_port(port: IListeningPort, path: Path) -> None:
     scratch.replace(path)
 
 
-async def gather_metrics(worker: WorkerInfo, own: bytes, client: Any) -> bytes:
+async def gather_metrics(
+    worker: WorkerInfo, own: bytes, client: Any, key: Secret | None = None
+) -> bytes:
     """Every worker's metrics in one exposition: ``own`` and those of the peers that
-    answer within 2 s (asked with ``client``, a treq ``HTTPClient``)."""
+    answer within 2 s (asked with ``client``, a treq ``HTTPClient``, showing ``key``:
+    a peer's private port wants a status key as the pages do, since any local user
+    can reach a loopback port)."""
     texts = {str(worker.index): own}
+    headers = {} if key is None else {b"Authorization": [b"Bearer " + key.value]}
     for index, port in peer_ports(worker).items():
         url = f"http://127.0.0.1:{port}/_crossbar/metrics?local=1"
         try:
-            response = await client.get(url, timeout=2.0)
+            response = await client.get(url, timeout=2.0, headers=headers)
             if response.code != 200:
                 raise ValueError(f"HTTP {response.code}")
             text = await response.content()

@@ -33,17 +33,18 @@ from crossbar.fleet import (
     choose_for_route,
     merged_listing,
 )
+from crossbar.server.peek import peek_model, with_model
 from crossbar.server.rewrite import (
     BODYLESS,
     NOT_RETURNED,
     BadTarget,
     allowed_path,
+    host_keys,
     json_body,
     parse_target,
-    peek_model,
     printable,
+    trusted_proxy,
     upstream_headers,
-    with_model,
 )
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
@@ -66,6 +67,10 @@ class ProxyContext:
         init=False, default=attrs.Factory(lambda self: self.table.settings, takes_self=True)
     )
     """The table's per-host settings, read several times per request: kept at hand."""
+    host_keys: Mapping[str, bytes] = attrs.field(
+        init=False, default=attrs.Factory(lambda self: host_keys(self.config), takes_self=True)
+    )
+    """The ``Authorization`` line of each host that has an ``api_key``."""
 
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -93,6 +98,8 @@ class Exchange:
         self.first_byte: float | None = None
         self._url_rest = b""
         self._headers = b""
+        self._credentials = b""
+        """The client's own credential lines, for a host without a key of its own."""
         self._forward_body: bytes | None = None
         self._attempt_started = 0.0
         self._counted: str | None = None
@@ -147,9 +154,15 @@ class Exchange:
             self._forward_body = body
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
         client = getattr(request.getClientAddress(), "host", None) or "unknown"
-        self._headers = upstream_headers(
-            request.requestHeaders.getAllRawHeaders(), client, request.isSecure()
+        proxies = self.proxy.config.trusted_proxies
+        self._headers, credentials = upstream_headers(
+            request.requestHeaders.getAllRawHeaders(),
+            client,
+            request.isSecure(),
+            bool(proxies) and trusted_proxy(client, proxies),
         )
+        if not route.api_keys:  # a key for crossbar is never one for a host
+            self._credentials = credentials
         return True
 
     def _next_host(self) -> str | None:
@@ -194,7 +207,8 @@ class Exchange:
         method = self.request.method
         assert method is not None
         self._attempt_started = proxy.clock.seconds()
-        d = proxy.upstreams.request(host, method, self._url_rest, self._headers, self._forward_body)
+        headers = self._headers + proxy.host_keys.get(host, self._credentials)
+        d = proxy.upstreams.request(host, method, self._url_rest, headers, self._forward_body)
         self._pending = d
         timeout = proxy.settings[host].header_timeout
         self._deadline = proxy.clock.callLater(timeout, self._no_answer)

@@ -1,15 +1,20 @@
 """Pure rules of the proxy's request and answer: which route a path names, which
-model a body asks for, which headers cross to the host and back. No I/O here, so
-every rule is cheap to test (and :mod:`crossbar.fleet.choice` says which host)."""
+headers cross to the host and back. No I/O here, so every rule is cheap to test
+(:mod:`crossbar.server.peek` says which model a body asks for, and
+:mod:`crossbar.fleet.choice` which host)."""
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
+
+from crossbar.config import Config, Network
 
 _VISIBLE = re.compile(rb"[\x21-\x7e]*")
 ALLOWED_EXACT = frozenset({b"/health", b"/props"})
@@ -34,7 +39,11 @@ _NOT_FORWARDED = HOP_BY_HOP | {
     b"x-forwarded-for",
     b"x-forwarded-proto",
     b"x-forwarded-host",
+    b"forwarded",
+    b"x-real-ip",
 }
+CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
+"""The headers a client's key travels in."""
 NOT_RETURNED = HOP_BY_HOP | {b"content-length"}
 BODYLESS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
 
@@ -76,43 +85,6 @@ def allowed_path(rest: bytes) -> bool:
     return rest.startswith(b"/v1/") or rest in ALLOWED_EXACT
 
 
-@attrs.frozen
-class Peek:
-    model: str | None
-    """The top-level ``"model"`` string, when the body is a JSON object naming one."""
-    missing: bool
-    """The body is a JSON object with no top-level ``"model"`` key at all."""
-
-
-_NOTHING = Peek(model=None, missing=False)
-
-
-def peek_model(body: bytes) -> Peek:
-    """Find the top-level ``"model"`` of a JSON body; anything else is not an error."""
-    start = body.lstrip()[:1]
-    if start != b"{":
-        return _NOTHING
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return _NOTHING
-    if not isinstance(doc, dict):
-        return _NOTHING
-    if "model" not in doc:
-        return Peek(model=None, missing=True)
-    model = doc["model"]
-    return Peek(model=model if isinstance(model, str) and model else None, missing=False)
-
-
-def with_model(body: bytes, model: str) -> bytes:
-    """Add ``"model"`` right after the opening brace, keeping every other byte."""
-    brace = body.index(b"{") + 1
-    rest = body[brace:]
-    field = b'"model":' + json.dumps(model).encode()
-    empty = rest.strip() == b"}"
-    return body[:brace] + field + (b"" if empty else b",") + rest
-
-
 def _one_line(value: bytes) -> bytes:
     """A header value that cannot end its line early (no header injection upstream)."""
     if b"\r" in value or b"\n" in value:
@@ -124,38 +96,117 @@ def json_body(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
+_FORWARD, _CREDENTIAL, _DROP, _CONNECTION, _FORWARDED_FOR, _HOST = range(6)
+_KINDS: dict[bytes, int] = {}
+"""What each header name (lower case) is, decided once per name: a header's path
+costs one dict look-up. Bounded: names past it are decided every time."""
+
+
+def _kind(lower: bytes) -> int:
+    if lower == b"connection":
+        kind = _CONNECTION
+    elif lower == b"x-forwarded-for":
+        kind = _FORWARDED_FOR
+    elif lower == b"host":
+        kind = _HOST
+    elif lower in _NOT_FORWARDED or lower.startswith(b"x-crossbar-"):
+        kind = _DROP
+    elif lower in CREDENTIALS:
+        kind = _CREDENTIAL
+    else:
+        kind = _FORWARD
+    if len(_KINDS) < 1024:
+        _KINDS[lower] = kind
+    return kind
+
+
+_Sorted = tuple[list[bytes], list[bytes], list[bytes], bytes | None, list[bytes]]
+"""Lines for the host, credential lines, ``X-Forwarded-For`` values to keep, the
+``Host`` header, and what ``Connection`` says."""
+
+
+def _sort(
+    headers: list[tuple[bytes, Sequence[bytes]]], trusted: bool, named: set[bytes]
+) -> _Sorted:
+    """One pass over the client's headers: each line to where it goes."""
+    lines: list[bytes] = []
+    credentials: list[bytes] = []
+    forwarded: list[bytes] = []
+    connection: list[bytes] = []
+    host = None
+    kinds = _KINDS
+    for name, values in headers:
+        lower = name.lower()
+        kind = kinds.get(lower)
+        if kind is None:
+            kind = _kind(lower)
+        if kind <= _CREDENTIAL:  # a line for the host
+            if named and lower in named:
+                continue
+            target = lines if kind == _FORWARD else credentials
+            for value in values:
+                target.append(b"%s: %s\r\n" % (name, _one_line(value)))
+        elif kind == _CONNECTION:
+            connection.extend(values)
+        elif kind == _FORWARDED_FOR:
+            if trusted:
+                forwarded.extend(values)
+        elif kind == _HOST and values and host is None:
+            host = values[0]
+    return lines, credentials, forwarded, host, connection
+
+
 def upstream_headers(
     incoming: Iterable[tuple[bytes, Sequence[bytes]]],
     client: str,
     secure: bool,
-) -> bytes:
-    """The client's headers as lines for the host: hop-by-hop ones (and those the
-    ``Connection`` header names) dropped, and ``X-Forwarded-*`` set by crossbar (the
-    client's own ``X-Forwarded-For`` extended, the others replaced)."""
+    trusted: bool = False,
+) -> tuple[bytes, bytes]:
+    """The client's headers as lines for the host, and apart from them its credential
+    lines (``Authorization``, ``X-Api-Key``), which cross only when neither the route
+    nor the host has keys of its own.
+
+    Hop-by-hop headers (and those the ``Connection`` header names) are dropped, and so
+    are ``Forwarded``, ``X-Real-IP`` and any ``X-Crossbar-*`` a client sent: a host
+    must not take a client's word for what crossbar says. ``X-Forwarded-*`` are set by
+    crossbar: the client's own ``X-Forwarded-For`` is extended when the client is a
+    ``trusted`` proxy, else replaced by the client's address alone."""
     headers = list(incoming)
-    drop = _NOT_FORWARDED
-    forwarded: list[bytes] = []
-    host_header: bytes | None = None
-    for name, values in headers:
-        lower = name.lower()
-        if lower == b"connection":
-            for value in values:
-                drop = drop | {token.strip().lower() for token in value.split(b",")}
-        elif lower == b"x-forwarded-for":
-            forwarded.extend(values)
-        elif lower == b"host" and values and host_header is None:
-            host_header = values[0]
-    lines = []
-    for name, values in headers:
-        if name.lower() not in drop:
-            for value in values:
-                lines.append(b"%s: %s\r\n" % (name, _one_line(value)))
+    lines, credentials, forwarded, host, connection = _sort(headers, trusted, set())
+    if connection:
+        named = {t.strip().lower() for v in connection for t in v.split(b",")}
+        named -= _NOT_FORWARDED
+        if named:  # rare: Connection names headers of its own, so sort again without them
+            lines, credentials, *_ = _sort(headers, trusted, named)
     forwarded.append(client.encode())
     lines.append(b"X-Forwarded-For: %s\r\n" % _one_line(b", ".join(forwarded)))
     lines.append(b"X-Forwarded-Proto: %s\r\n" % (b"https" if secure else b"http"))
-    if host_header is not None:
-        lines.append(b"X-Forwarded-Host: %s\r\n" % _one_line(host_header))
-    return b"".join(lines)
+    if host is not None:
+        lines.append(b"X-Forwarded-Host: %s\r\n" % _one_line(host))
+    return b"".join(lines), b"".join(credentials)
+
+
+def host_keys(config: Config) -> dict[str, bytes]:
+    """The ``Authorization`` line of each host that has an ``api_key``: it replaces
+    whatever credentials the client sent."""
+    return {
+        name: b"Authorization: Bearer %s\r\n" % host.api_key.value
+        for name, host in config.hosts.items()
+        if host.api_key is not None
+    }
+
+
+@functools.lru_cache(maxsize=1024)
+def trusted_proxy(client: str, networks: tuple[Network, ...]) -> bool:
+    """Whether the peer at ``client`` (an address as the socket gives it) is one of the
+    ``trusted_proxies``; remembered, since a lab's few proxies ask again and again."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:  # not an IP address (a UNIX socket)
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
 
 
 def printable(raw: bytes, limit: int) -> str:

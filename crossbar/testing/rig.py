@@ -119,12 +119,14 @@ async def build(
     defaults: HostSettings = FAST,
     settings: Mapping[str, HostSettings] | None = None,
     up: Collection[str] | None = None,
+    adjust: Callable[[Config], Config] | None = None,
 ) -> Rig:
     """Start simulators, then crossbar in front of them; wait until the hosts in ``up``
     (every simulator by default) are healthy.
 
     ``hosts`` maps names to simulators (started here) or to plain URLs; the route
-    ``lab`` over every host, default model ``tiny-a``, is made when none are given.
+    ``lab`` over every host, default model ``tiny-a``, is made when none are given;
+    ``adjust`` may change the config made (keys, ``status_listen``) before crossbar starts.
     Stop it all with :func:`teardown`, or let :func:`rigs` do it.
     """
     # Imported here: crossbar.service imports klein, which installs the default reactor.
@@ -143,6 +145,8 @@ async def build(
         hosts={n: HostConfig(n, u, (settings or {}).get(n)) for n, u in urls.items()},
         routes=routes,
     )
+    if adjust is not None:
+        config = adjust(config)
     logs = LogCapture()
     crossbar = Crossbar(config, reactor)
     crossbar.startService()
