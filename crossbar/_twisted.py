@@ -11,6 +11,8 @@ each use below against the new release's source.
   twisted.web made a ``Request`` of it (for its log line);
 - ``HTTPChannel._handlingRequest``: whether a request is being answered (the header
   deadline starts only between requests);
+- ``HTTPChannel._respondToBadRequestAndDisconnect``: where twisted.web's parser refuses a
+  head or a chunk (:class:`ParserRefusals` answers those in crossbar's words);
 - ``Request._disconnected``: the client has gone (writes would be dropped);
 - ``HTTPConnectionPool._factory`` and ``twisted.web.client._HTTP11ClientFactory``: a
   pool that does not log two lines for every connection the poller opens;
@@ -86,6 +88,18 @@ def request_line(channel: http.HTTPChannel) -> tuple[bytes, bytes]:
 def handling_request(channel: http.HTTPChannel) -> bool:
     """Whether the channel is answering a request (pipelined bytes wait meanwhile)."""
     return bool(channel._handlingRequest)
+
+
+class ParserRefusals(http.HTTPChannel):
+    """An HTTP channel whose parser's own refusals (conflicting lengths, a bad header
+    line, a bad chunk, too many headers) go to :meth:`bad_request` instead of
+    twisted.web's bare ``400 Bad Request`` and close."""
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self.bad_request()
+
+    def bad_request(self) -> None:
+        super()._respondToBadRequestAndDisconnect()  # type: ignore[misc]
 
 
 def client_gone(request: http.Request) -> bool:

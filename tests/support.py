@@ -287,3 +287,17 @@ ROUTER_LISTING = {
     ],
 }
 """A router's /v1/models: two models loaded, one loading, one that failed to load."""
+
+
+def start_simulator(tmp: Path, *options: str, timeout: float = 20.0) -> Daemon:
+    """``python -m crossbar.testing.simulator`` as a process of its own on a free port, for a
+    crossbar daemon to stand in front of when the test process is busy being a client."""
+    port = free_port()
+    args = [sys.executable, "-m", "crossbar.testing.simulator", "--listen", str(port), *options]
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    daemon = Daemon.start(args, port, tmp / "simulator.log", cwd=tmp, env=env)
+    if not daemon.wait(lambda: accepts(port), timeout):
+        code = daemon.stop()
+        raise AssertionError(f"the simulator did not listen (exit code {code}):\n{daemon.output()}")
+    return daemon

@@ -1,17 +1,45 @@
-"""crossbar.server.site: twisted.web fitted for the proxy. The body limit and the header
-deadline are tested over real sockets in test_proxy and test_faults; here, with
-twisted.web's own test channel, the dispatch of a request to the proxy or to the pages."""
+"""crossbar.server.site: twisted.web fitted for the proxy.
+
+Most of it is tested by feeding a request's raw bytes into a connection built by the
+Site, over twisted's ``StringTransport`` and a ``Clock``: the dispatch to the proxy or the
+pages, the admission step (the door's rules, the guard, the body limits) and how a
+refusal is answered, the body deadline, the connection and body-memory caps. A few
+loopback tests show what a real client sees: a refused upload reads its answer and then
+the end of the connection, one that keeps sending is cut off, a slow body gets a 408.
+"""
 
 from __future__ import annotations
 
+import json
+import socket
 import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import attrs
 import pytest
+import pytest_twisted
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.internet.threads import deferToThread
+from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
-from twisted.web.test.requesthelper import DummyChannel
 
-from crossbar.server.site import ProxyRequest, Site, http_date
+from crossbar.config import HostSettings, Limits
+from crossbar.fleet import HealthTable, Traffic
+from crossbar.pages.metrics import Metrics
+from crossbar.server import site as site_module
+from crossbar.server.door import RawHeaders, Refusal
+from crossbar.server.site import Channel, ProxyRequest, Site, http_date
+from crossbar.testing import LogCapture, eventually
+
+CHAT = b"/lab/v1/chat/completions"
+PEER = IPv4Address("TCP", "127.0.0.1", 40000)
+MiB = 1024 * 1024
+DEFAULTS = Limits()
 
 
 class Leaf(Resource):
@@ -28,39 +56,108 @@ class Leaf(Resource):
         return server.NOT_DONE_YET
 
 
-def received(site: Site, method: bytes, path: bytes) -> ProxyRequest:
-    channel = DummyChannel()
-    channel.site = site
-    request = ProxyRequest(channel)
-    request.gotLength(0)
-    request.requestReceived(method, path, b"HTTP/1.1")
-    return request
+@attrs.define
+class Conn:
+    """One client connection to a site, over a StringTransport."""
+
+    channel: Channel
+    transport: StringTransport
+
+    def send(self, data: bytes) -> None:
+        self.channel.dataReceived(data)
+
+    @property
+    def answer(self) -> bytes:
+        return self.transport.value()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+    def refusal(self) -> tuple[int, dict[bytes, bytes], Any]:
+        """Status, headers (lower-case names) and JSON body of a refusal."""
+        head, _, body = self.answer.partition(b"\r\n\r\n")
+        status_line, *lines = head.split(b"\r\n")
+        headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines)}
+        assert int(headers[b"content-length"]) == len(body)
+        return int(status_line.split()[1]), headers, json.loads(body) if body else None
 
 
-@pytest.fixture
-def pages() -> Leaf:
-    return Leaf()
+class CountingClock(Clock):
+    """A Clock that counts the timers set on it, cancelled or not."""
+
+    scheduled = 0
+
+    def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> Any:
+        self.scheduled += 1
+        return super().callLater(delay, callable, *args, **kw)
 
 
-@pytest.fixture
-def proxy() -> Leaf:
-    return Leaf()
+@attrs.define
+class Door:
+    """A site with a proxy and pages that never answer, on a Clock."""
+
+    site: Site
+    proxy: Leaf
+    pages: Leaf
+    clock: CountingClock
+
+    def connect(self) -> Conn:
+        channel = self.site.buildProtocol(PEER)
+        assert channel is not None
+        transport = StringTransport(peerAddress=PEER)
+        channel.makeConnection(transport)
+        return Conn(channel, transport)
+
+    @property
+    def rendered(self) -> list[server.Request]:
+        return self.proxy.rendered + self.pages.rendered
 
 
-@pytest.fixture
-def site(pages: Leaf, proxy: Leaf) -> Site:
+def door(limits: Limits = DEFAULTS, guard: Any = None) -> Door:
+    proxy, pages, clock = Leaf(), Leaf(), CountingClock()
     root = Resource()
     root.putChild(b"_crossbar", pages)
-    return Site(root, proxy=proxy)
+    site = Site(root, proxy=proxy, limits=limits, guard=guard, reactor=clock, timeout=None)
+    return Door(site, proxy, pages, clock)
 
 
-@pytest.mark.parametrize("path", [b"/lab/v1/chat/completions", b"/", b"/x%2Fy/v1/models?a=b"])
-def test_any_other_path_goes_straight_to_the_proxy(
-    site: Site, proxy: Leaf, pages: Leaf, path: bytes
-) -> None:
-    request = received(site, b"POST", path)
-    assert proxy.rendered == [request] and pages.rendered == []
-    assert request.site is site
+def post(path: bytes = CHAT, body: bytes = b"{}", extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        path,
+        len(body),
+        extra,
+        body,
+    )
+
+
+def get(path: bytes, method: bytes = b"GET", extra: bytes = b"") -> bytes:
+    return b"%s %s HTTP/1.1\r\nHost: a\r\n%s\r\n" % (method, path, extra)
+
+
+def chunked(*chunks: bytes, end: bool = True) -> bytes:
+    data = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return data + (b"0\r\n\r\n" if end else b"")
+
+
+CHUNKED_HEAD = b"POST %s HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" % CHAT
+
+
+@pytest.fixture
+def d() -> Door:
+    return door()
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, b"/", b"/x%2Fy/v1/models?a=b"])
+def test_any_other_path_goes_straight_to_the_proxy(d: Door, path: bytes) -> None:
+    d.connect().send(post(path))
+    [request] = d.proxy.rendered
+    assert d.pages.rendered == [] and request.uri == path
+    assert isinstance(request, ProxyRequest) and request.site is d.site
+    assert request.content is not None and request.content.read() == b"{}"
     headers = request.responseHeaders
     # A Date as twisted.web would send (the host's replaces it); no Server: the host's
     # answer says what it is.
@@ -69,17 +166,21 @@ def test_any_other_path_goes_straight_to_the_proxy(
 
 
 @pytest.mark.parametrize("path", [b"/_crossbar", b"/_crossbar/", b"/_crossbar/status"])
-def test_the_pages_go_the_usual_way(site: Site, proxy: Leaf, pages: Leaf, path: bytes) -> None:
-    request = received(site, b"GET", path)
-    assert pages.rendered == [request] and proxy.rendered == []
+def test_the_pages_go_the_usual_way(d: Door, path: bytes) -> None:
+    d.connect().send(get(path))
+    [request] = d.pages.rendered
+    assert d.proxy.rendered == []
     assert request.responseHeaders.hasHeader(b"server")
 
 
-def test_a_site_without_a_proxy_dispatches_as_twisted_web_does(pages: Leaf) -> None:
+def test_a_site_without_a_proxy_dispatches_as_twisted_web_does() -> None:
+    pages = Leaf()
     root = Resource()
     root.putChild(b"_crossbar", pages)
-    request = received(Site(root), b"GET", b"/_crossbar/metrics")
-    assert pages.rendered == [request]
+    channel = Site(root, timeout=None).buildProtocol(PEER)
+    channel.makeConnection(StringTransport())
+    channel.dataReceived(get(b"/_crossbar/metrics"))
+    assert len(pages.rendered) == 1
 
 
 def test_the_date_is_http_s_format_and_made_once_a_second() -> None:
@@ -87,3 +188,494 @@ def test_the_date_is_http_s_format_and_made_once_a_second() -> None:
     now = int(time.time())
     assert first in (http.datetimeToString(now), http.datetimeToString(now - 1))
     assert http_date() is first or int(time.time()) != now
+
+
+# -- the door's rules, as a client meets them -------------------------------------------------
+
+
+def test_a_refusal_is_json_with_its_headers_and_ends_the_connection(d: Door) -> None:
+    conn = d.connect()
+    conn.send(get(b"/lab/v1/models", b"PUT"))
+    status, headers, body = conn.refusal()
+    assert status == 405 and body == {"error": "method not allowed"}
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"allow"] == b"GET, HEAD, POST, DELETE, OPTIONS"
+    assert headers[b"connection"] == b"close"
+    assert conn.answer.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+    assert conn.closed and d.rendered == []
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "error"),
+    [
+        (get(CHAT, extra=b"X-A: 1\r\n folded: yes\r\n"), "folded header line"),
+        (get(CHAT, extra=b"X-A: 1\r\n\tfolded\r\n"), "folded header line"),
+        (get(CHAT, extra=b"Host: b\r\n"), "more than one Host header"),
+        (get(CHAT, extra=b"host: a\r\n"), "more than one Host header"),
+        (get(b"/lab/v1/../../admin"), "path with a . or .. segment"),
+        (get(b"/lab/%2e%2E/other/v1/models"), "path with a . or .. segment"),
+        (get(b"/lab/v1%2f..%2fadmin?x=1"), "path with a . or .. segment"),
+        (b"POST /lab/x HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", ""),
+        (b"POST /lab/x HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", ""),
+        (b"POST /lab/x HTTP/1.1\r\nContent-Length: -2\r\n\r\n{}", ""),
+        (b"GET /lab/x HTTP/1.1\r\nX-A: a\x00b\r\n\r\n", ""),
+    ],
+)
+def test_what_the_door_or_twisted_s_parser_refuses_is_400_and_closed(
+    d: Door, request_bytes: bytes, error: str
+) -> None:
+    conn = d.connect()
+    conn.send(request_bytes)
+    status, headers, body = conn.refusal()
+    # twisted.web's own refusals (conflicting lengths, a NUL) come out in the same shape.
+    assert (status, body) == (400, {"error": error or "bad request"})
+    assert headers[b"connection"] == b"close" and conn.closed
+    assert d.rendered == []
+
+
+FOLDED = post(extra=b"X-A: b\r\n c\r\n")
+TWO_HOSTS = post(extra=b"X-A: b\r\nHost: b\r\n")
+CLEAN = post(extra=b"X-A: b\r\nX-B:  c \r\n")
+
+
+@pytest.mark.parametrize(("whole", "error"), [(FOLDED, "folded header line"), (TWO_HOSTS, None)])
+def test_a_fold_or_two_hosts_are_found_however_the_bytes_are_split(
+    whole: bytes, error: str | None
+) -> None:
+    expected = {"error": error or "more than one Host header"}
+    for cut in range(1, len(whole)):
+        d = door()
+        conn = d.connect()
+        conn.send(whole[:cut])
+        conn.send(whole[cut:])
+        assert conn.refusal()[::2] == (400, expected), cut
+        assert d.rendered == [], cut
+
+
+def test_a_clean_request_passes_however_the_bytes_are_split() -> None:
+    for cut in range(1, len(CLEAN)):
+        d = door()
+        conn = d.connect()
+        conn.send(CLEAN[:cut])
+        conn.send(CLEAN[cut:])
+        [request] = d.proxy.rendered
+        assert request.getHeader(b"x-b") == b"c" and conn.answer == b"", cut
+
+
+def test_nothing_after_a_refused_head_is_read_not_even_the_next_request(d: Door) -> None:
+    conn = d.connect()
+    conn.send(get(CHAT, b"PUT", extra=b"Content-Length: 5\r\n") + b"12345" + get(CHAT))
+    assert conn.refusal()[0] == 405
+    conn.send(get(CHAT))
+    assert d.rendered == [] and conn.answer.count(b"HTTP/1.1") == 1
+
+
+def test_a_head_request_is_refused_without_a_body(d: Door) -> None:
+    conn = d.connect()
+    conn.send(get(b"/lab/../x", b"HEAD"))
+    assert conn.answer.startswith(b"HTTP/1.1 400 ")
+    assert conn.answer.endswith(b"\r\n\r\n")
+    assert b"content-length: 39" in conn.answer.lower()  # the length a GET would get
+
+
+def test_one_line_is_logged_for_a_refusal_without_the_query(d: Door) -> None:
+    logs = LogCapture()
+    try:
+        d.connect().send(get(b"/lab/v1/models?key=secret", b"PUT"))
+        d.connect().send(get(b"/lab/v1/\x1bmodels"))  # twisted.web refuses the line
+    finally:
+        logs.close()
+    assert logs.matching("405") == ["- - PUT /lab/v1/models 405 0ms"]
+    assert logs.matching("400") == ["- - - - 400 0ms"]
+    assert not logs.matching("secret")
+
+
+# -- the guard --------------------------------------------------------------------------------
+
+
+@attrs.define
+class RecordingGuard:
+    """Refuses what ``refuse`` says, and records what it was shown."""
+
+    refuse: Refusal | None = None
+    seen: list[tuple[bytes, dict[bytes, list[bytes]]]] = attrs.Factory(list)
+
+    def __call__(self, path: bytes, headers: RawHeaders) -> Refusal | None:
+        self.seen.append((path, {name.lower(): list(values) for name, values in headers}))
+        return self.refuse
+
+
+UNAUTHORIZED = Refusal(401, "unauthorized", ((b"WWW-Authenticate", b"Bearer"),), close=True)
+
+
+def test_the_guard_sees_the_path_without_query_and_the_headers() -> None:
+    guard = RecordingGuard()
+    d = door(guard=guard)
+    d.connect().send(post(CHAT + b"?key=x", extra=b"Authorization: Bearer k\r\n"))
+    [(path, headers)] = guard.seen
+    assert path == CHAT
+    assert headers[b"authorization"] == [b"Bearer k"] and headers[b"host"] == [b"a"]
+    assert len(d.proxy.rendered) == 1
+
+
+def test_the_guard_s_refusal_is_answered_and_its_body_never_invited() -> None:
+    guard = RecordingGuard(UNAUTHORIZED)
+    d = door(guard=guard)
+    conn = d.connect()
+    conn.send(post(body=b"x" * 100, extra=b"Expect: 100-continue\r\n")[:-100])
+    status, headers, body = conn.refusal()
+    assert (status, body) == (401, {"error": "unauthorized"})
+    assert headers[b"www-authenticate"] == b"Bearer"
+    assert b"100 Continue" not in conn.answer and conn.closed
+
+
+def test_the_door_s_rules_come_before_the_guard_and_the_guard_before_the_limits() -> None:
+    guard = RecordingGuard(UNAUTHORIZED)
+    d = door(Limits(max_body=10), guard)
+    conn = d.connect()
+    conn.send(get(CHAT, b"PUT"))
+    assert conn.refusal()[0] == 405 and guard.seen == []
+    conn = d.connect()
+    conn.send(post(body=b"x" * 11))
+    assert conn.refusal()[0] == 401
+
+
+def test_an_admitted_body_is_invited_once(d: Door) -> None:
+    conn = d.connect()
+    conn.send(post(body=b"{}", extra=b"Expect: 100-continue\r\n")[:-2])
+    assert conn.answer == b"HTTP/1.1 100 Continue\r\n\r\n"
+    conn.send(b"{}")
+    assert len(d.proxy.rendered) == 1
+
+
+# -- body limits ------------------------------------------------------------------------------
+
+
+def test_a_body_announced_over_max_body_is_413_before_it_is_read() -> None:
+    d = door(Limits(max_body=10))
+    ok, over = d.connect(), d.connect()
+    ok.send(post(body=b"x" * 10))
+    over.send(post(body=b"x" * 11, extra=b"Expect: 100-continue\r\n")[:-11])
+    assert over.refusal()[::2] == (413, {"error": "body too large"})
+    assert b"100 Continue" not in over.answer and over.closed
+    assert len(d.proxy.rendered) == 1
+
+
+def test_a_refused_upload_is_drained_never_kept(d: Door) -> None:
+    """10 MiB sent after a refused head: nothing of it is held or answered again."""
+    conn = d.connect()
+    conn.send(get(CHAT, b"PUT", extra=b"Content-Length: %d\r\n" % (10 * MiB)))
+    answer = conn.answer
+    request = conn.channel.requests[-1]
+    piece = b"x" * 65536
+    for _ in range(10 * MiB // len(piece)):
+        conn.send(piece)
+    assert request.content is not None and request.content.tell() == 0
+    assert request.content.getvalue() == b""
+    assert d.site.body_memory == 0 and conn.answer == answer and d.rendered == []
+
+
+def test_a_chunked_upload_is_cut_off_as_soon_as_it_passes_max_body() -> None:
+    d = door(Limits(max_body=10))
+    conn = d.connect()
+    conn.send(CHUNKED_HEAD + chunked(b"x" * 6, end=False))
+    assert conn.answer == b""
+    conn.send(chunked(b"y" * 5))
+    assert conn.refusal()[::2] == (413, {"error": "body too large"})
+    assert d.site.body_memory == 0 and d.rendered == []
+
+
+def test_bodies_held_at_once_are_capped_and_released_when_each_request_ends() -> None:
+    d = door(Limits(max_body_memory=100, max_body=100))
+    first, second = d.connect(), d.connect()
+    first.send(post(body=b"x" * 60))
+    second.send(post(body=b"x" * 60)[:-60])  # refused before its body is sent
+    status, headers, body = second.refusal()
+    assert (status, body, headers[b"retry-after"]) == (503, {"error": "busy"}, b"1")
+    assert d.site.body_memory == 60
+
+    # Answered: the body is no longer held.
+    d.proxy.rendered[0].finish()
+    assert d.site.body_memory == 0
+    third = d.connect()
+    third.send(post(body=b"x" * 60))
+    assert d.site.body_memory == 60 and len(d.proxy.rendered) == 2
+
+    # The client gone (before or after the body came): released too.
+    fourth = d.connect()
+    fourth.send(post(body=b"x" * 40)[:-30])
+    assert d.site.body_memory == 100
+    fourth.channel.connectionLost(Failure(ConnectionError()))
+    third.channel.connectionLost(Failure(ConnectionError()))
+    assert d.site.body_memory == 0
+
+
+def test_chunked_bodies_count_as_they_arrive() -> None:
+    d = door(Limits(max_body_memory=100, max_body=100))
+    held = d.connect()
+    held.send(post(body=b"x" * 50))
+    conn = d.connect()
+    conn.send(CHUNKED_HEAD + chunked(b"y" * 40, end=False))
+    assert d.site.body_memory == 90 and conn.answer == b""
+    conn.send(chunked(b"z" * 20))
+    assert conn.refusal()[::2] == (503, {"error": "busy"})
+    assert d.site.body_memory == 50  # what the refused one held is let go at once
+
+    ok = d.connect()
+    ok.send(CHUNKED_HEAD + chunked(b"a" * 30, b"b" * 20))
+    [_, request] = d.proxy.rendered
+    assert request.content is not None and request.content.read() == b"a" * 30 + b"b" * 20
+    assert d.site.body_memory == 100
+    request.finish()
+    assert d.site.body_memory == 50
+
+
+# -- the body deadline ------------------------------------------------------------------------
+
+
+def test_a_body_not_complete_in_body_timeout_after_the_head_is_408() -> None:
+    d = door(Limits(body_timeout=60))
+    conn = d.connect()
+    conn.send(post(body=b"x" * 10)[:-5])
+    d.clock.advance(59)
+    conn.send(b"xx")  # bytes arriving do not start the deadline again
+    assert conn.answer == b""
+    d.clock.advance(1)
+    assert conn.refusal()[::2] == (408, {"error": "request body too slow"})
+    assert conn.closed and d.rendered == [] and d.site.body_memory == 0
+
+
+def test_a_body_complete_in_time_is_not_timed_out_later() -> None:
+    d = door(Limits(body_timeout=60))
+    conn = d.connect()
+    conn.send(CHUNKED_HEAD + chunked(b"x", end=False))
+    d.clock.advance(59)
+    conn.send(chunked(b"y"))
+    assert len(d.proxy.rendered) == 1
+    assert d.clock.getDelayedCalls() == []
+    d.clock.advance(3600)
+    assert conn.answer == b""
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [get(CHAT), post(body=b"x" * 1000), CHUNKED_HEAD + chunked(b"x" * 100, b"y")],
+    ids=["bodyless", "length", "chunked"],
+)
+def test_a_body_that_comes_with_its_head_gets_no_timer(d: Door, whole: bytes) -> None:
+    d.connect().send(whole)
+    assert len(d.proxy.rendered) == 1
+    assert d.clock.scheduled == 1  # the header deadline, set when the bytes came, alone
+    assert d.clock.getDelayedCalls() == []
+
+
+# -- open connections -------------------------------------------------------------------------
+
+
+def refused_connection(d: Door) -> StringTransport:
+    transport = StringTransport()
+    closing = d.site.buildProtocol(PEER)
+    assert closing is not None and not isinstance(closing, Channel)
+    closing.makeConnection(transport)
+    return transport
+
+
+def test_connections_past_max_connections_are_closed_at_once_and_counted() -> None:
+    d = door(Limits(max_connections=2))
+    first, second = d.connect(), d.connect()
+    refused = refused_connection(d)
+    assert refused.disconnecting and refused.value() == b""
+    assert (d.site.open_connections, d.site.refused_connections) == (2, 1)
+    first.channel.connectionLost(Failure(ConnectionError()))
+    third = d.connect()
+    third.send(get(CHAT))
+    assert len(d.proxy.rendered) == 1
+    assert (d.site.open_connections, d.site.refused_connections) == (2, 1)
+    second.channel.connectionLost(Failure(ConnectionError()))
+    third.channel.connectionLost(Failure(ConnectionError()))
+    assert d.site.open_connections == 0
+
+
+def test_refused_connections_are_logged_once_per_burst_with_how_many() -> None:
+    d = door(Limits(max_connections=1))
+    d.connect()
+    logs = LogCapture()
+    try:
+        for _ in range(5):
+            refused_connection(d)
+        d.clock.advance(9)
+        refused_connection(d)
+        d.clock.advance(1)
+        d.clock.advance(10)
+        d.clock.advance(60)
+    finally:
+        logs.close()
+    assert logs.matching("refused") == [
+        "refused 1 client connection: 1 open, the max_connections limit",
+        "refused 5 client connections: 1 open, the max_connections limit",
+    ]
+    assert d.clock.getDelayedCalls() == []
+
+
+def test_the_connections_are_in_the_metrics() -> None:
+    d = door(Limits(max_connections=2))
+    table = HealthTable({"gpu-a": "http://127.0.0.1:1"}, Clock(), {"gpu-a": HostSettings()})
+    metrics = Metrics(table, Traffic(["gpu-a"], ["lab"]))
+    metrics.count_connections(d.site)
+    d.connect(), d.connect(), refused_connection(d)
+    found = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for sample in family.samples
+    }
+    assert found["crossbar_connections_refused_total"] == 1
+    assert found["crossbar_client_connections"] == 2
+
+
+# -- over real sockets ------------------------------------------------------------------------
+
+
+@attrs.define
+class Served:
+    site: Site
+    proxy: Leaf
+    port: Any
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port.getHost().port)
+
+
+@pytest_twisted.async_yield_fixture
+async def served(reactor: Any, request: pytest.FixtureRequest) -> AsyncIterator[Served]:
+    limits = getattr(request, "param", DEFAULTS)
+    proxy = Leaf()
+    site = Site(Resource(), proxy=proxy, limits=limits, timeout=None)
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    yield Served(site, proxy, port)
+    await port.stopListening()
+    for request_ in proxy.rendered:
+        request_.transport.abortConnection()  # type: ignore[union-attr]
+    await eventually(lambda: site.open_connections == 0, what="every connection closed")
+
+
+@pytest.fixture
+def short_linger(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(site_module, "LINGER", 0.3)
+    yield
+
+
+def read_to_end(s: socket.socket) -> bytes:
+    answer = b""
+    while chunk := s.recv(65536):
+        answer += chunk
+    return answer
+
+
+def upload_then_read(address: tuple[str, int], data: bytes) -> tuple[bytes, bool]:
+    """Send all of ``data``, then read to the end; whether all of it could be sent."""
+    with socket.create_connection(address, timeout=10) as s:
+        try:
+            s.sendall(data)
+            sent = True
+        except OSError:
+            sent = False
+        try:
+            return read_to_end(s), sent
+        except ConnectionResetError:
+            return b"", sent
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_sends_a_refused_upload_reads_its_answer(
+    served: Served,
+) -> None:
+    head = get(CHAT, b"PUT", extra=b"Content-Length: %d\r\n" % (10 * MiB))
+    answer, sent = await deferToThread(upload_then_read, served.address, head + b"x" * 10 * MiB)
+    assert sent and answer.startswith(b"HTTP/1.1 405 ")
+    assert answer.endswith(b'{"error":"method not allowed"}')
+    assert served.site.body_memory == 0 and served.proxy.rendered == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_twisted_s_own_400_closes_the_connection(served: Served) -> None:
+    bad = b"POST /lab/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
+    answer, _ = await deferToThread(upload_then_read, served.address, bad + get(CHAT))
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(b'{"error":"bad request"}')
+    assert served.proxy.rendered == []
+
+
+def keep_sending(address: tuple[str, int], head: bytes) -> tuple[bytes, float]:
+    """Send a refused head, then junk until the connection is cut; what came back, and
+    how long it took."""
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(head)
+        started = time.monotonic()
+        answer = b""
+        s.setblocking(False)
+        while True:
+            try:
+                s.send(b"x" * 4096)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return answer, time.monotonic() - started
+            try:
+                answer += s.recv(65536)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return answer, time.monotonic() - started
+            time.sleep(0.001)
+            if time.monotonic() - started > 5:
+                return answer, 5.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_goes_on_sending_is_cut_off_after_the_linger(
+    served: Served, short_linger: None
+) -> None:
+    head = post(body=b"", extra=b"Host: b\r\nContent-Length: 1000000000\r\n")
+    answer, seconds = await deferToThread(keep_sending, served.address, head)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert 0.25 < seconds < 2
+
+
+def slow_body(address: tuple[str, int]) -> tuple[bytes, float]:
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(post(body=b"x" * 10)[:-5])
+        started = time.monotonic()
+        return read_to_end(s), time.monotonic() - started
+
+
+@pytest.mark.parametrize("served", [Limits(body_timeout=0.3)], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_slow_body_is_answered_408_and_closed(served: Served) -> None:
+    answer, seconds = await deferToThread(slow_body, served.address)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answer.endswith(b'{"error":"request body too slow"}')
+    assert 0.25 < seconds < 2
+
+
+def one_too_many(address: tuple[str, int]) -> bytes:
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(get(CHAT))
+        try:
+            return read_to_end(s)
+        except ConnectionResetError:
+            return b""
+
+
+@pytest.mark.parametrize("served", [Limits(max_connections=1)], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_connection_past_the_cap_is_closed_at_once(served: Served) -> None:
+    logs = LogCapture()
+    try:
+        with socket.create_connection(served.address, timeout=10):
+            await eventually(lambda: served.site.open_connections == 1)
+            answer = await deferToThread(one_too_many, served.address)
+            assert answer == b"" and served.site.refused_connections == 1
+        await eventually(lambda: served.site.open_connections == 0)
+    finally:
+        logs.close()
+    assert logs.matching("refused 1 client connection")

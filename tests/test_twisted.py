@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from packaging.requirements import Requirement
 from twisted.internet import ssl, tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
@@ -34,6 +35,7 @@ from twisted.web.client import _HTTP11ClientFactory
 
 from crossbar._twisted import (
     TESTED_TWISTED,
+    ParserRefusals,
     QuietPool,
     client_gone,
     direct,
@@ -362,6 +364,32 @@ def test_client_gone_once_the_connection_is_lost() -> None:
     assert client_gone(request)
 
 
+class _Refusing(ParserRefusals):
+    def bad_request(self) -> None:
+        self.refused = True
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+        b"Content-Length: 2\r\nContent-Length: 2\r\n",
+        b"Content-Length: x\r\n",
+        b"No colon\r\n",
+    ],
+)
+def test_the_parser_s_refusals_go_through_respond_to_bad_request(head: bytes) -> None:
+    """``_respondToBadRequestAndDisconnect`` is still where twisted.web refuses a head."""
+    channel = _Refusing()
+    channel.requestFactory = _Held  # type: ignore[assignment]
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\n" + head + b"\r\n{}")
+    assert getattr(channel, "refused", False)
+    assert transport.value() == b""  # twisted.web's own bare 400 was not sent
+
+
 def test_the_quiet_pool_builds_its_connections_with_the_quiet_factory() -> None:
     pool = QuietPool(Clock())
     factory = pool._factory
@@ -375,7 +403,7 @@ def test_setup_cfg_pins_twisted_to_the_range_checked() -> None:
     """The install requirement and the range crossbar._twisted was read against agree, and
     the Twisted running these tests is inside it."""
     spec = next(r for r in requires("llama-crossbar") or [] if r.lower().startswith("twisted"))
-    pinned = {part.strip() for part in spec[len("twisted") :].split(",")}
+    pinned = {str(part) for part in Requirement(spec).specifier}
     assert pinned == {part.strip() for part in TESTED_TWISTED.split(",")}
     running = tuple(int(n) for n in version("twisted").split(".")[:2])
     low = next(p for p in pinned if p.startswith(">="))[2:]

@@ -1,8 +1,16 @@
 """The front door's rules: what a request's head alone decides, before its body is
-read. Pure: every rule takes bytes and headers and says yes, or how to refuse."""
+read. Pure: every rule takes bytes and headers and says yes, or how to refuse.
+
+The hygiene rules refuse what a host, or a proxy between crossbar and a host, could
+read differently from crossbar: a header folded onto the line before, two ``Host``
+headers, a method llama-server has no use for, a path that climbs out of the route
+(``..``, however it is spelled). Each costs the common request a few byte scans, no
+regex and no decoding.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -26,3 +34,92 @@ RawHeaders = Sequence[tuple[bytes, Sequence[bytes]]]
 Guard = Callable[[bytes, RawHeaders], Refusal | None]
 """A rule over a request's path (without query) and headers, applied when the head is
 complete: ``None`` lets it in."""
+
+_METHODS = (b"GET", b"HEAD", b"POST", b"DELETE", b"OPTIONS")
+METHODS = frozenset(_METHODS)
+"""What an OpenAI-style API and crossbar's pages are asked with; anything else is 405."""
+
+FOLDED = Refusal(400, "folded header line", close=True)
+SEVERAL_HOSTS = Refusal(400, "more than one Host header", close=True)
+NOT_ALLOWED = Refusal(405, "method not allowed", ((b"Allow", b", ".join(_METHODS)),), close=True)
+DOT_SEGMENT = Refusal(400, "path with a . or .. segment", close=True)
+BAD_REQUEST = Refusal(400, "bad request", close=True)
+"""What twisted.web's own parser refuses (conflicting lengths, a bad chunk, ...)."""
+TOO_LARGE = Refusal(413, "body too large", close=True)
+BUSY = Refusal(503, "busy", ((b"Retry-After", b"1"),), close=True)
+"""Request bodies held at once would pass ``max_body_memory``."""
+BODY_TOO_SLOW = Refusal(408, "request body too slow", close=True)
+
+REASONS = {
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    503: b"Service Unavailable",
+}
+FOLD_STARTS = (b" ", b"\t")
+"""What a folded line starts with."""
+_DOTS = (b".", b"..")
+
+
+def folded(line: bytes) -> bool:
+    """Whether a line of a request's head continues the line before (obs-fold).
+
+    twisted.web joins such a line to the header above it; a host or a proxy that reads
+    it as a header of its own would see another request than crossbar did. A request
+    line starting with a space is no better.
+    """
+    return line[:1] in FOLD_STARTS
+
+
+def several_hosts(hosts: Sequence[bytes] | None) -> bool:
+    """Whether the head names more than one ``Host`` (which one would a host believe?)."""
+    return hosts is not None and len(hosts) > 1
+
+
+def dot_segment(path: bytes) -> bool:
+    """Whether a path (without query) has a ``.`` or ``..`` segment after its first
+    (the route), once decoded the way a host might decode it: ``%2e`` for a dot, ``%2f``,
+    ``%5c`` and ``\\`` for a slash, ``%25`` for a percent sign (decoded twice), and any
+    ``;params`` after a segment dropped. The route's own name is never decoded.
+    """
+    if b"." not in path and b"%" not in path:
+        return False  # the common request: two scans of a short path
+    rest = path[1:].partition(b"/")[2]
+    if b"%" in rest:
+        rest = rest.lower().replace(b"%25", b"%")
+        rest = rest.replace(b"%2e", b".").replace(b"%2f", b"/").replace(b"%5c", b"/")
+    if b"." not in rest:
+        return False
+    for segment in rest.replace(b"\\", b"/").split(b"/"):
+        if segment.partition(b";")[0] in _DOTS:
+            return True
+    return False
+
+
+def hygiene(method: bytes, path: bytes, hosts: Sequence[bytes] | None) -> Refusal | None:
+    """The head's own soundness, before anyone's keys are looked at: ``hosts`` is every
+    ``Host`` header's value (``None``: none), ``path`` the target without its query."""
+    if hosts is not None and len(hosts) > 1:
+        return SEVERAL_HOSTS
+    if method not in METHODS:
+        return NOT_ALLOWED
+    if (b"." in path or b"%" in path) and dot_segment(path):
+        return DOT_SEGMENT
+    return None
+
+
+def answer(refusal: Refusal, head_only: bool = False) -> bytes:
+    """A refusal's bytes on the wire: its JSON error, its length, its headers, and the
+    connection's end (``head_only``: the answer to a HEAD, without the body)."""
+    body = json.dumps({"error": refusal.error}, separators=(",", ":")).encode()
+    lines = [
+        b"HTTP/1.1 %d %s\r\n" % (refusal.status, REASONS.get(refusal.status, b"Refused")),
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body),
+        b"Connection: close\r\n",
+    ]
+    lines.extend(b"%s: %s\r\n" % header for header in refusal.headers)
+    lines.append(b"\r\n" if head_only else b"\r\n" + body)
+    return b"".join(lines)

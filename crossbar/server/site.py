@@ -1,6 +1,8 @@
-"""twisted.web's server side, made fit for a proxy on a shared network: a request
-body limit enforced as the body arrives, a deadline for request headers, chunks
-framed and written in one piece, and no access log of twisted.web's own."""
+"""twisted.web's server side, made fit for a proxy on a shared network: one admission
+step when a request's head is complete (the door's rules, the site's guard, the body
+limits), deadlines for headers and bodies, a cap on open connections and on request
+bodies held at once, chunks framed and written in one piece, and no access log of
+twisted.web's own."""
 
 from __future__ import annotations
 
@@ -9,22 +11,34 @@ from io import BytesIO
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.interfaces import IDelayedCall, ITCPTransport
+from twisted.internet.interfaces import IAddress, IDelayedCall, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import IResource
 
-from crossbar._twisted import client_gone, direct, handling_request, request_line, write_now
+from crossbar._twisted import (
+    ParserRefusals,
+    client_gone,
+    direct,
+    handling_request,
+    request_line,
+    write_now,
+)
+from crossbar.config import Limits
+from crossbar.server import door
+from crossbar.server.door import FOLD_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
-from crossbar.server.rewrite import json_body
+from crossbar.server.rewrite import printable
 from crossbar.server.timers import stop
 
-MAX_BODY = 16 * 1024 * 1024
 HEADER_DEADLINE = 30.0
 """Seconds a client has to send a request's headers."""
 LINGER = 5.0
-"""Seconds a refused upload may keep sending before its connection is closed."""
+"""Seconds a refused request's client may keep sending before its connection is cut."""
+DEFAULT_LIMITS = Limits()
+REFUSALS_LOGGED_EVERY = 10.0
+"""Seconds between two log lines about connections refused past ``max_connections``."""
 
 log = Logger()
 _date = (0, b"")
@@ -40,17 +54,19 @@ def http_date() -> bytes:
 
 
 class ProxyRequest(server.Request):
-    """A request that keeps its body in memory and refuses one over ``MAX_BODY``.
+    """A request admitted or refused on its head alone, that keeps its body in memory.
 
     twisted.web buffers a whole body before ``render`` with no cap of its own, so the
-    limit is enforced here as the body arrives: from ``Content-Length`` before any of
-    it is read, and for a chunked upload as soon as it passes the limit.
+    limits are enforced here: from ``Content-Length`` before any of it is read, and for
+    a chunked upload as it arrives. What a body holds counts against the site's
+    ``max_body_memory`` until the request ends.
     """
 
     rejected = False
+    _chunked = False
     _received = 0
+    _held = 0
     _buffer: BytesIO
-    _linger: Any = None
 
     def process(self) -> None:
         """Hand a proxied request straight to the proxy.
@@ -87,59 +103,76 @@ class ProxyRequest(server.Request):
         super().write(data)
 
     def gotLength(self, length: int | None) -> None:
+        """The admission step: twisted.web calls it when the head is complete, before
+        any of the body is read and before it answers ``Expect: 100-continue``."""
         self.content = self._buffer = BytesIO()
-        if length is not None and length > MAX_BODY:
-            self._reject()
+        channel: Any = self.channel
+        site: Site = channel.site
+        method, target = request_line(channel)
+        path = target.partition(b"?")[0]
+        refusal = door.hygiene(method, path, self.requestHeaders.getRawHeaders(b"host"))
+        if refusal is None and site.guard is not None:
+            refusal = site.guard(path, list(self.requestHeaders.getAllRawHeaders()))
+        if refusal is None and length:
+            refusal = site.hold(length)
+            if refusal is None:
+                self._held = length
+        if refusal is not None:
+            channel.refuse(refusal)
+        self._chunked = length is None
 
     def handleContentChunk(self, data: bytes) -> None:
         if self.rejected:
             return
-        self._received += len(data)
-        if self._received > MAX_BODY:
-            self._reject()
-        else:
-            self._buffer.write(data)
+        if self._chunked:
+            size = len(data)
+            self._received += size
+            site: Site = self.channel.site  # type: ignore[attr-defined]
+            refusal = door.TOO_LARGE if self._received > site.limits.max_body else site.hold(size)
+            if refusal is not None:
+                self.channel.refuse(refusal)  # type: ignore[attr-defined]
+                return
+            self._held += size
+        self._buffer.write(data)
 
-    def _reject(self) -> None:
-        """Answer 413 at once, outside twisted.web's request cycle that has not begun."""
+    def refused(self) -> None:
+        """Forget the body: it is not read, and what came of it is dropped."""
         self.rejected = True
         self.content = self._buffer = BytesIO()
+        self._release()
         # Twisted would otherwise invite the client to send the body we refuse.
         self.requestHeaders.removeHeader(b"expect")
-        body = json_body({"error": "body too large"})
-        transport: Any = self.channel.transport
-        transport.write(
-            b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        # Half-close and keep draining, so the client reads the 413 rather than a
-        # reset; a client that goes on sending is cut off after LINGER seconds.
-        if ITCPTransport.providedBy(transport):
-            transport.loseWriteConnection()
-        else:
-            transport.loseConnection()
-        self._linger = self.channel.callLater(LINGER, transport.abortConnection)
-        command, target = request_line(self.channel)
-        method = command.decode("latin-1", "replace")
-        path = target.partition(b"?")[0]
-        log.info(
-            "- - {method} {path} 413 0ms", method=method, path=path.decode("latin-1", "replace")
-        )
+
+    def _release(self) -> None:
+        if self._held:
+            self.channel.site.body_memory -= self._held  # type: ignore[attr-defined]
+            self._held = 0
+
+    def finish(self) -> None:
+        if self._held:
+            self._release()
+        super().finish()
 
     def connectionLost(self, reason: Failure) -> None:
-        stop(self._linger)
+        self._release()
         super().connectionLost(reason)
 
 
-class Channel(http.HTTPChannel):
-    """An HTTP connection that gives each request a deadline for its headers.
+class Channel(ParserRefusals):
+    """An HTTP connection with deadlines for a request's headers and its body, that
+    refuses a request from its head and then reads nothing more of the connection.
 
     The Site's idle timeout restarts on every byte, so a client that trickles its
-    headers (slowloris) could otherwise hold a connection open forever.
+    headers (slowloris) or its body could otherwise hold a connection open forever.
     """
 
+    site: Site
     _deadline: IDelayedCall | None = None
+    _body_timer: IDelayedCall | None = None
+    _linger: IDelayedCall | None = None
     _in_body = False
+    _refused = False
+    _counted = False
     _host: Any = None
     _direct: Any = None
 
@@ -160,10 +193,23 @@ class Channel(http.HTTPChannel):
         return self._host
 
     def dataReceived(self, data: bytes) -> None:
+        if self._refused:
+            return  # drained: the client reads its refusal rather than a reset
         if self._deadline is None and not self._in_body and not handling_request(self):
             limit = getattr(getattr(self, "site", None), "header_deadline", HEADER_DEADLINE)
             self._deadline = self.callLater(limit, self._too_slow)
-        super().dataReceived(data)
+        _data_received(self, data)
+        # A body that came whole with its head needs no timer; one still due gets one.
+        if self._in_body and self._body_timer is None and not self._refused:
+            self._body_timer = self.callLater(self.site.limits.body_timeout, self._body_too_slow)
+
+    def lineReceived(self, line: bytes) -> None:
+        # A folded line (door.folded, inlined: this runs for every line of every head)
+        # would be joined to the header before by twisted.web: refused before that.
+        if line[:1] in FOLD_STARTS:
+            self.refuse(door.FOLDED)
+            return
+        _line_received(self, line)
 
     def allHeadersReceived(self) -> None:
         self._stop_deadline()
@@ -171,11 +217,55 @@ class Channel(http.HTTPChannel):
         super().allHeadersReceived()
 
     def allContentReceived(self) -> None:
+        if self._refused:
+            return  # never dispatched: the refusal was its answer
         self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().allContentReceived()
+
+    def bad_request(self) -> None:
+        self.refuse(door.BAD_REQUEST)
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` at once, outside twisted.web's request cycle (which has
+        not begun, and for this request never will), then read nothing more.
+
+        The body, if any, is neither read nor kept: the connection is half-closed and
+        what the client still sends is drained, so that it reads the answer rather than
+        a reset; a client that goes on sending is cut off after LINGER seconds.
+        """
+        if self._refused:
+            return
+        self._refused = True
+        self._in_body = False
+        self._stop_deadline()
+        stop(self._body_timer)
+        self._body_timer = None
+        if self.requests:
+            self.requests[-1].refused()
+        # What is left of the bytes at hand, and of a chunk being decoded, is dropped.
+        self.setRawMode()
+        self.rawDataReceived = _drop  # type: ignore[method-assign]
+        method, target = request_line(self)
+        transport: Any = self.transport
+        transport.write(door.answer(refusal, head_only=method == b"HEAD"))
+        if ITCPTransport.providedBy(transport):
+            transport.loseWriteConnection()
+        else:
+            transport.loseConnection()
+        self._linger = self.callLater(LINGER, transport.abortConnection)
+        shown = f"{printable(method, 16)} {printable(target.partition(b'?')[0], 200)}"
+        log.info("{request}", request=f"- - {shown} {refusal.status} 0ms")
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._stop_deadline()
+        stop(self._body_timer)
+        stop(self._linger)
+        if self._counted:
+            self._counted = False
+            self.site.open_connections -= 1
         super().connectionLost(reason)
 
     def _stop_deadline(self) -> None:
@@ -190,11 +280,38 @@ class Channel(http.HTTPChannel):
         )
         self.transport.loseConnection()
 
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        self.refuse(door.BODY_TOO_SLOW)
+
+
+# twisted.web's own, called without super(): both run for every line or read.
+_line_received = http.HTTPChannel.lineReceived
+_data_received = http.HTTPChannel.dataReceived
+
+
+def _drop(data: bytes) -> None:
+    pass
+
+
+class _Closed(protocol.Protocol):
+    """A connection past ``max_connections``: closed as soon as it is made. (Returning
+    no protocol would do for a plain TCP port, not for one wrapped in TLS.)"""
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.loseConnection()
+
 
 class Site(server.Site):
     """A Site whose requests are :class:`ProxyRequest` and that writes no access log
     of its own: the proxy logs one line per request when it really ends. Requests for
-    any path but ``/_crossbar/`` go straight to ``proxy`` (see ProxyRequest.process)."""
+    any path but ``/_crossbar/`` go straight to ``proxy`` (see ProxyRequest.process).
+
+    ``limits`` caps what clients may hold of it: open connections (past the cap a new
+    one is closed at once), one body's size, the bodies held at once, the time a body
+    may take. ``guard`` says who may come in, from a request's path and headers.
+    """
 
     requestFactory = ProxyRequest
     noisy = False
@@ -206,14 +323,68 @@ class Site(server.Site):
         resource: IResource,
         proxy: IResource | None = None,
         internal: bool = False,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        guard: Guard | None = None,
         **kwargs: Any,
     ):
         super().__init__(resource, **kwargs)
         self.proxy = proxy
+        self.limits = limits
+        self.guard = guard
+        self.open_connections = 0
+        """Client connections open now."""
+        self.refused_connections = 0
+        """Client connections closed at once since start, ``max_connections`` being open."""
+        self.body_memory = 0
+        """Bytes of request bodies held now (announced lengths, chunks as they came)."""
         self._prefix = INTERNAL_LISTENER if internal else "crossbar"
+        self._unlogged = 0
+        self._log_call: IDelayedCall | None = None
 
     def logPrefix(self) -> str:
         return self._prefix
 
     def log(self, request: Any) -> None:
         pass
+
+    def buildProtocol(self, addr: IAddress | None) -> Any:
+        if self.open_connections >= self.limits.max_connections:
+            self.refused_connections += 1
+            self._unlogged += 1
+            if self._log_call is None:
+                self._log_refusals()
+            return _Closed()
+        channel = super().buildProtocol(addr)
+        channel._counted = True
+        self.open_connections += 1
+        return channel
+
+    def hold(self, size: int) -> Refusal | None:
+        """Count ``size`` more bytes of body held, or say why not (413, 503)."""
+        limits = self.limits
+        if size > limits.max_body:
+            return door.TOO_LARGE
+        if self.body_memory + size > limits.max_body_memory:
+            return door.BUSY
+        self.body_memory += size
+        return None
+
+    def stopFactory(self) -> None:
+        stop(self._log_call)
+        self._log_call = None
+        super().stopFactory()
+
+    def _log_refusals(self) -> None:
+        """At most one line per REFUSALS_LOGGED_EVERY seconds, however many are refused."""
+        self._log_call = None
+        if not self._unlogged:
+            return
+        count, self._unlogged = self._unlogged, 0
+        log.warn(
+            "refused {count} client connection{s}: {limit} open, the max_connections limit",
+            count=count,
+            s="" if count == 1 else "s",
+            limit=self.limits.max_connections,
+        )
+        self._log_call = self.reactor.callLater(REFUSALS_LOGGED_EVERY, self._log_refusals)
