@@ -142,3 +142,24 @@ def test_a_refusal_on_the_wire_is_json_with_its_length_and_the_connection_s_end(
     odd = door.answer(door.Refusal(429, 'too "many"'))
     assert odd.startswith(b"HTTP/1.1 429 Refused\r\n")
     assert odd.endswith(b'\r\n\r\n{"error":"too \\"many\\""}')
+
+
+@pytest.mark.parametrize(
+    ("path", "hosts", "refusal"),
+    [
+        (b"/_crossbar/status", [b"crossbar:7777"], None),
+        (b"/_crossbar/status", [b"[::1]:7777"], None),
+        (b"/_crossbar/status", [b"gpu-\xc3\xa9.lab"], None),  # a UTF-8 name IDNA can encode
+        (b"/_crossbar/status", None, None),
+        (b"/_crossbar/livez", [b"a..b"], door.BAD_HOST),
+        (b"/_crossbar/livez", [b"a" * 64 + b":80"], door.BAD_HOST),
+        (b"/_crossbar/livez", [b"\xff"], door.BAD_HOST),
+        (b"/_crossbar/\xa9", [b"127.0.0.1"], door.NOT_UTF8),
+        (b"/_crossbar/%a9", [b"127.0.0.1"], door.NOT_UTF8),
+        (b"/_crossbar/%c3%a9", [b"127.0.0.1"], None),
+    ],
+)
+def test_what_the_pages_cannot_read_is_refused(
+    path: bytes, hosts: list[bytes] | None, refusal: door.Refusal | None
+) -> None:
+    assert door.unreadable_page(path, hosts) == refusal

@@ -494,10 +494,12 @@ def trickle(port: int) -> bytes:
 async def test_client_that_trickles_headers_is_cut_off(rig: Rig) -> None:
     from twisted.internet.threads import deferToThread
 
-    rig.crossbar.site.header_deadline = 0.2
+    site = rig.crossbar.site
+    site.limits = attrs.evolve(site.limits, head_timeout=0.2)
     port = rig.crossbar.listener.port.getHost().port  # type: ignore[union-attr]
     answer = await deferToThread(trickle, port)
     assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answer.endswith(b'\r\n\r\n{"error":"request head too slow"}')
     # a client that sends its headers in time is not affected
     response, _ = await call(rig, "GET", "/lab/v1/models")
     assert response.code == 200

@@ -42,6 +42,7 @@ _RESERVED_ROUTES = frozenset({"_crossbar"})
 _ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
 _HOST_KEYS = {"url", "api_key", "tls_ca"} | SETTING_KEYS
 _LIMIT_PARSERS: dict[str, Any] = {
+    "head_timeout": parse_duration,
     "body_timeout": parse_duration,
     "max_connections": parse_count,
     "max_body_memory": parse_size,

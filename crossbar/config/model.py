@@ -100,6 +100,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class Limits:
     """What one client, or all of them together, may hold of crossbar."""
 
+    head_timeout: float = 30.0
+    """Seconds from a request's first byte to the end of its headers (slowloris)."""
     body_timeout: float = 60.0
     """Seconds from a request's headers to the end of its body."""
     max_connections: int = 2048

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from urllib.parse import unquote_to_bytes
 
 import attrs
 
@@ -49,6 +50,9 @@ TOO_LARGE = Refusal(413, "body too large", close=True)
 BUSY = Refusal(503, "busy", ((b"Retry-After", b"1"),), close=True)
 """Request bodies held at once would pass ``max_body_memory``."""
 BODY_TOO_SLOW = Refusal(408, "request body too slow", close=True)
+HEAD_TOO_SLOW = Refusal(408, "request head too slow", close=True)
+BAD_HOST = Refusal(400, "Host header is not a host name", close=True)
+NOT_UTF8 = Refusal(400, "path is not UTF-8", close=True)
 
 REASONS = {
     400: b"Bad Request",
@@ -108,6 +112,25 @@ def hygiene(method: bytes, path: bytes, hosts: Sequence[bytes] | None) -> Refusa
         return NOT_ALLOWED
     if (b"." in path or b"%" in path) and dot_segment(path):
         return DOT_SEGMENT
+    return None
+
+
+def unreadable_page(path: bytes, hosts: Sequence[bytes] | None) -> Refusal | None:
+    """What crossbar's pages (Klein, routing with werkzeug) cannot read: a path that is
+    not UTF-8 once decoded, or a ``Host`` whose name is no IDNA host name (an empty
+    label, one over 63 characters). Refused here as a 400 rather than left to become a
+    500 and a traceback in the log."""
+    try:
+        unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return NOT_UTF8
+    if hosts:
+        host = hosts[0]
+        name = host.split(b"]", 1)[0] + b"]" if host[:1] == b"[" else host.split(b":", 1)[0]
+        try:
+            name.decode("utf-8").encode("idna")
+        except UnicodeError:
+            return BAD_HOST
     return None
 
 

@@ -46,6 +46,7 @@ from crossbar.server.rewrite import (
     trusted_proxy,
     upstream_headers,
 )
+from crossbar.server.site import release_body
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
 from crossbar.upstream import Discard, Response, Upstreams, describe, is_cancellation
@@ -150,6 +151,7 @@ class Exchange:
             elif peek.missing and route.default_model is not None:
                 body = with_model(body, route.default_model)
                 self.asked = route.default_model
+                release_body(request, keep_reserved=True)  # the copy is the one kept
         if body or request.method not in BODYLESS:
             self._forward_body = body
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
@@ -230,6 +232,8 @@ class Exchange:
         self.first_byte = now - self.started
         proxy.table.judge_answer(host, response.code, now - self._attempt_started)
         request = self.request
+        self._forward_body = None  # the host has it, and no other host will be tried
+        release_body(request)
         if self.client_gone:
             response.deliverBody(Discard())
             return

@@ -32,8 +32,6 @@ from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.rewrite import printable
 from crossbar.server.timers import stop
 
-HEADER_DEADLINE = 30.0
-"""Seconds a client has to send a request's headers."""
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""
 DEFAULT_LIMITS = Limits()
@@ -110,7 +108,10 @@ class ProxyRequest(server.Request):
         site: Site = channel.site
         method, target = request_line(channel)
         path = target.partition(b"?")[0]
-        refusal = door.hygiene(method, path, self.requestHeaders.getRawHeaders(b"host"))
+        hosts = self.requestHeaders.getRawHeaders(b"host")
+        refusal = door.hygiene(method, path, hosts)
+        if refusal is None and (site.proxy is None or path.startswith(b"/_crossbar")):
+            refusal = door.unreadable_page(path, hosts)
         if refusal is None and site.guard is not None:
             refusal = site.guard(path, list(self.requestHeaders.getAllRawHeaders()))
         if refusal is None and length:
@@ -158,6 +159,15 @@ class ProxyRequest(server.Request):
         super().connectionLost(reason)
 
 
+def release_body(request: server.Request, keep_reserved: bool = False) -> None:
+    """The proxy holds what it needs of a request's body: forget the request's own copy,
+    and (unless ``keep_reserved``) give its bytes back to ``max_body_memory``."""
+    if isinstance(request, ProxyRequest):
+        request.content = request._buffer = BytesIO()
+        if not keep_reserved:
+            request._release()
+
+
 class Channel(ParserRefusals):
     """An HTTP connection with deadlines for a request's headers and its body, that
     refuses a request from its head and then reads nothing more of the connection.
@@ -196,8 +206,7 @@ class Channel(ParserRefusals):
         if self._refused:
             return  # drained: the client reads its refusal rather than a reset
         if self._deadline is None and not self._in_body and not handling_request(self):
-            limit = getattr(getattr(self, "site", None), "header_deadline", HEADER_DEADLINE)
-            self._deadline = self.callLater(limit, self._too_slow)
+            self._deadline = self.callLater(self.site.limits.head_timeout, self._too_slow)
         _data_received(self, data)
         # A body that came whole with its head needs no timer; one still due gets one.
         if self._in_body and self._body_timer is None and not self._refused:
@@ -274,11 +283,7 @@ class Channel(ParserRefusals):
 
     def _too_slow(self) -> None:
         self._deadline = None
-        assert self.transport is not None
-        self.transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-        )
-        self.transport.loseConnection()
+        self.refuse(door.HEAD_TOO_SLOW)
 
     def _body_too_slow(self) -> None:
         self._body_timer = None
@@ -316,7 +321,6 @@ class Site(server.Site):
     requestFactory = ProxyRequest
     noisy = False
     protocol = Channel  # type: ignore[assignment]  # plain HTTP/1.1, no HTTP/2 upgrade
-    header_deadline = HEADER_DEADLINE
 
     def __init__(
         self,
