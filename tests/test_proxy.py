@@ -503,3 +503,25 @@ async def test_client_that_trickles_headers_is_cut_off(rig: Rig) -> None:
     # a client that sends its headers in time is not affected
     response, _ = await call(rig, "GET", "/lab/v1/models")
     assert response.code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_stops_counting_once_its_answer_streams(rig: Rig, reactor: Any) -> None:
+    """``max_body_memory`` counts bodies crossbar holds: once a host answers, the body is
+    given back, so a long stream does not keep a later request out for its whole length."""
+    site = rig.crossbar.site
+    site.limits = attrs.evolve(site.limits, max_body=1024**2, max_body_memory=1024**2)
+    body = {"model": "m1", "stream": True, "pad": "x" * 700_000}
+    readers = []
+    for _ in range(2):  # two 700 kB bodies would not fit in 1 MiB at once
+        rig.upstreams["gpu-a"].handler = Lockstep(events=1000)
+        response = await rig.client.post(rig.base + "/lab/v1/chat/completions", json=body)
+        assert response.code == 200, await response.text()
+        reader = _HoldOpen()
+        response.deliverBody(reader)
+        await reader.first
+        readers.append(reader)
+    assert site.body_memory == 0
+    for reader in readers:
+        assert reader.transport is not None
+        reader.transport.stopProducing()
