@@ -4,6 +4,8 @@ reaches the client (its bytes, the connection's end) is tested in test_site."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crossbar.server import door
 from crossbar.server.door import (
@@ -163,3 +165,28 @@ def test_what_the_pages_cannot_read_is_refused(
     path: bytes, hosts: list[bytes] | None, refusal: door.Refusal | None
 ) -> None:
     assert door.unreadable_page(path, hosts) == refusal
+
+
+_DOT = st.sampled_from([b".", b"%2e", b"%2E", b"%252e"])
+_PLAIN = st.binary(min_size=1, max_size=8).filter(
+    lambda b: not {ord("/"), ord("\\"), ord("%"), ord("."), ord(";")} & set(b)
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    before=st.lists(_PLAIN, max_size=3),
+    dots=st.lists(_DOT, min_size=1, max_size=2),
+    after=st.lists(_PLAIN, max_size=3),
+    slash=st.sampled_from([b"/", b"%2f", b"%2F", b"\\", b"%5c"]),
+)
+def test_a_dot_segment_is_found_however_it_is_spelled(
+    before: list[bytes], dots: list[bytes], after: list[bytes], slash: bytes
+) -> None:
+    """Any ``.`` or ``..`` segment after the route, each dot and the slash before it in
+    any spelling a host might decode, is refused; the same path without it is not."""
+    dot = b"".join(dots)
+    path = b"/route/" + b"/".join(before) + (slash if before else b"") + dot
+    path += b"".join(b"/" + part for part in after)
+    assert door.dot_segment(path)
+    assert not door.dot_segment(b"/route/" + b"/".join([*before, *after]))

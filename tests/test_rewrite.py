@@ -7,6 +7,8 @@ import ipaddress
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crossbar.config import Config, HostConfig, Secret
 from crossbar.server import rewrite
@@ -38,6 +40,46 @@ Headers = list[tuple[bytes, Sequence[bytes]]]
 def test_parse_target(uri: bytes, route: str, rest: bytes, query: bytes) -> None:
     target = parse_target(uri)
     assert (target.route, target.rest, target.query) == (route, rest, query)
+
+
+_SEGMENT = st.binary(max_size=12).filter(lambda b: b"/" not in b and b"?" not in b)
+
+
+@settings(max_examples=500, deadline=None)
+@given(uri=st.binary(max_size=64))
+def test_any_target_is_a_route_path_or_a_bad_target(uri: bytes) -> None:
+    """Whatever bytes a request line holds, splitting it either names a route or says
+    why not (400 or 404): never another exception."""
+    try:
+        target = parse_target(uri)
+    except BadTarget as e:
+        assert e.status in (400, 404)
+        return
+    assert target.route and "/" not in target.route and "?" not in target.route
+    assert target.rest.startswith(b"/")
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    route=_SEGMENT.filter(lambda b: b != b""),
+    rest=st.lists(_SEGMENT, max_size=5),
+    query=st.none() | st.binary(max_size=20),
+)
+def test_a_route_path_splits_back_into_what_made_it(
+    route: bytes, rest: list[bytes], query: bytes | None
+) -> None:
+    """``/<route>/<rest>?<query>`` comes apart into exactly its pieces, the route's
+    bytes undecoded (a route that is not ASCII is simply unknown)."""
+    path = b"/" + route + b"".join(b"/" + part for part in rest)
+    uri = path if query is None else path + b"?" + query
+    try:
+        target = parse_target(uri)
+    except BadTarget as e:
+        assert e.status == 404 and not route.isascii()
+        return
+    assert target.route.encode("ascii") == route
+    assert target.rest == (b"".join(b"/" + part for part in rest) or b"/")
+    assert target.query == (query or b"")
 
 
 @pytest.mark.parametrize("uri", [b"/", b"//x", b"/?a=1", b"", b"http://h/a/v1/x"])
