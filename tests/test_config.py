@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from crossbar.config import (
     parse_duration,
 )
 from crossbar.config.load import _TOP_KEYS
+from tests.certs import self_signed_ca
 
 MINIMAL = """\
 listen: 7777                # a port, or a Twisted server endpoint string
@@ -99,82 +99,71 @@ def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
     assert message.startswith("YAML syntax error: line ")
 
 
-@pytest.mark.parametrize(
-    ("change", "key", "problem"),
-    [
-        (("poll_interval: 5s", "poll_interval: 5s\nretries: 3"), "retries", "unknown key"),
+MISTAKES = [
+    (("poll_interval: 5s", "poll_interval: 5s\nretries: 3"), "retries", "unknown key"),
+    (
+        ("    default_model", "    colour: red\n    default_model"),
+        "routes.opencode-a.colour",
+        "unknown key",
+    ),
+    (("[gpu-a, gpu-b]", "[gpu-a, gpu-z]"), "routes.opencode-a.hosts", "unknown host 'gpu-z'"),
+    (("[gpu-a, gpu-b]", "[]"), "routes.opencode-a.hosts", "non-empty list"),
+    (("http://10.0.0.11:8080", "ftp://10.0.0.11"), "hosts.gpu-a", "http(s)://"),
+    (("http://10.0.0.11:8080", "http://10.0.0.11:8080/x?y=1"), "hosts.gpu-a", "no query"),
+    (
+        ("http://10.0.0.11:8080", "http://10.0.0.11:8080/#top"),
+        "hosts.gpu-a",
+        "no query or fragment",
+    ),
+    (("http://10.0.0.11:8080", "http://10.0.0.11:99999"), "hosts.gpu-a", "valid URL"),
+    (("http://10.0.0.11:8080", "10.0.0.11:8080"), "hosts.gpu-a", "http(s)://"),
+    (("poll_interval: 5s", "poll_interval: 5 parsecs"), "poll_interval", "not a duration"),
+    (("poll_interval: 5s", "poll_interval: 0s"), "poll_interval", "more than zero"),
+    (("poll_interval: 5s", "poll_interval: -2"), "poll_interval", "more than zero"),
+    (("listen: 7777 ", "listen: 70000 "), "listen", "1-65535"),
+    (("listen: 7777 ", "listen: 0 "), "listen", "1-65535"),
+    (("listen: 7777 ", 'listen: "bogus:thing" '), "listen", "unknown endpoint type"),
+    (("listen: 7777 ", 'listen: "tcp:7777:colour=red" '), "listen", "unknown option 'colour'"),
+    (("listen: 7777 ", 'listen: "tcp:seven" '), "listen", "a port must be a number"),
+    (("  gpu-b: http", "  gpu-a: http"), "hosts.gpu-a", "duplicate key"),
+    (
+        ("poll_interval: 5s", "poll_interval: 5s\npoll_interval: 9s"),
+        "poll_interval",
+        "duplicate",
+    ),
+    (
         (
-            ("    default_model", "    colour: red\n    default_model"),
-            "routes.opencode-a.colour",
-            "unknown key",
+            "    default_model",
+            "    policy: priority\n    policy: least_busy\n    default_model",
         ),
-        (("[gpu-a, gpu-b]", "[gpu-a, gpu-z]"), "routes.opencode-a.hosts", "unknown host 'gpu-z'"),
-        (("[gpu-a, gpu-b]", "[]"), "routes.opencode-a.hosts", "non-empty list"),
-        (("http://10.0.0.11:8080", "ftp://10.0.0.11"), "hosts.gpu-a", "http(s)://"),
-        (("http://10.0.0.11:8080", "http://10.0.0.11:8080/x?y=1"), "hosts.gpu-a", "no query"),
-        (
-            ("http://10.0.0.11:8080", "http://10.0.0.11:8080/#top"),
-            "hosts.gpu-a",
-            "no query or fragment",
-        ),
-        (("http://10.0.0.11:8080", "http://10.0.0.11:99999"), "hosts.gpu-a", "valid URL"),
-        (("http://10.0.0.11:8080", "10.0.0.11:8080"), "hosts.gpu-a", "http(s)://"),
-        (("poll_interval: 5s", "poll_interval: 5 parsecs"), "poll_interval", "not a duration"),
-        (("poll_interval: 5s", "poll_interval: 0s"), "poll_interval", "more than zero"),
-        (("poll_interval: 5s", "poll_interval: -2"), "poll_interval", "more than zero"),
-        (("listen: 7777 ", "listen: 70000 "), "listen", "1-65535"),
-        (("listen: 7777 ", "listen: 0 "), "listen", "1-65535"),
-        (("listen: 7777 ", 'listen: "bogus:thing" '), "listen", "unknown endpoint type"),
-        (("listen: 7777 ", 'listen: "tcp:7777:colour=red" '), "listen", "unknown option 'colour'"),
-        (("listen: 7777 ", 'listen: "tcp:seven" '), "listen", "a port must be a number"),
-        (("  gpu-b: http", "  gpu-a: http"), "hosts.gpu-a", "duplicate key"),
-        (
-            ("poll_interval: 5s", "poll_interval: 5s\npoll_interval: 9s"),
-            "poll_interval",
-            "duplicate",
-        ),
-        (
-            (
-                "    default_model",
-                "    policy: priority\n    policy: least_busy\n    default_model",
-            ),
-            "routes.opencode-a.policy",
-            "duplicate key",
-        ),
-        (("  gpu-b: http", "  gpu b: http"), "hosts.gpu b", "must match [A-Za-z0-9._-]+"),
-        (("  opencode-a:", "  open/code:"), "routes.open/code", "must match [A-Za-z0-9._-]+"),
-        (("  opencode-a:", "  _crossbar:"), "routes._crossbar", "reserved"),
-        (
-            ("    default_model", "    policy: fastest\n    default_model"),
-            "routes.opencode-a.policy",
-            "must be one of priority, round_robin, least_busy",
-        ),
-        (
-            ("    default_model", "    when_all_down: panic\n    default_model"),
-            "routes.opencode-a.when_all_down",
-            "must be one of fail, try_all",
-        ),
-        (
-            ("    default_model", "    list_models: all\n    default_model"),
-            "routes.opencode-a.list_models",
-            "must be one of forwarded, merged",
-        ),
-        (("poll_interval: 5s", "poll_interval: 5s\nmax_fails: 0"), "max_fails", "at least 1"),
-        (
-            ("poll_interval: 5s", "poll_interval: 5s\nhealth_path: /slots"),
-            "health_path",
-            "load a model",
-        ),
-    ],
-)
-def test_mistakes_name_key_and_problem(
-    tmp_path: Path, change: tuple[str, str], key: str, problem: str
-) -> None:
-    old, new = change
-    assert old in MINIMAL
-    message = error_of(tmp_path, MINIMAL.replace(old, new, 1))
-    assert message.startswith(f"{key}: "), message
-    assert problem in message
+        "routes.opencode-a.policy",
+        "duplicate key",
+    ),
+    (("  gpu-b: http", "  gpu b: http"), "hosts.gpu b", "must match [A-Za-z0-9._-]+"),
+    (("  opencode-a:", "  open/code:"), "routes.open/code", "must match [A-Za-z0-9._-]+"),
+    (("  opencode-a:", "  _crossbar:"), "routes._crossbar", "reserved"),
+    (
+        ("    default_model", "    policy: fastest\n    default_model"),
+        "routes.opencode-a.policy",
+        "must be one of priority, round_robin, least_busy",
+    ),
+    (
+        ("    default_model", "    when_all_down: panic\n    default_model"),
+        "routes.opencode-a.when_all_down",
+        "must be one of fail, try_all",
+    ),
+    (
+        ("    default_model", "    list_models: all\n    default_model"),
+        "routes.opencode-a.list_models",
+        "must be one of forwarded, merged",
+    ),
+    (("poll_interval: 5s", "poll_interval: 5s\nmax_fails: 0"), "max_fails", "at least 1"),
+    (
+        ("poll_interval: 5s", "poll_interval: 5s\nhealth_path: /slots"),
+        "health_path",
+        "load a model",
+    ),
+]
 
 
 def test_missing_sections(tmp_path: Path) -> None:
@@ -258,7 +247,7 @@ def test_defaults_leave_everything_open_with_limits() -> None:
 
 
 def test_a_host_key_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "lab-ca.pem").write_bytes(_self_signed())
+    (tmp_path / "lab-ca.pem").write_bytes(self_signed_ca())
     monkeypatch.setenv("HOST_KEY", "host-secret-4")
     text = MINIMAL.replace(
         "  gpu-b: http://10.0.0.12:8080/",
@@ -273,76 +262,76 @@ def test_a_host_key_and_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert config.hosts["gpu-a"].api_key is None
 
 
-@pytest.mark.parametrize(
-    ("change", "key", "problem"),
-    [
-        (
-            ("poll_interval: 5s", 'api_keys: ["${NOPE_UNSET}"]'),
-            "api_keys[0]",
-            "environment variable NOPE_UNSET is not set",
-        ),
-        (
-            ("poll_interval: 5s", "api_keys:\n  - ${NOPE_UNSET}"),
-            "api_keys[0]",
-            "environment variable NOPE_UNSET is not set",
-        ),
-        (("poll_interval: 5s", "api_keys: key"), "api_keys", "must be a list of keys, not str"),
-        (("poll_interval: 5s", "api_keys: [7]"), "api_keys[0]", "must be a string"),
-        (("poll_interval: 5s", "status_keys: ['']"), "status_keys[0]", "is empty"),
-        (
-            ("    default_model", "    api_keys: [ok, 'two words']\n    default_model"),
-            "routes.opencode-a.api_keys[1]",
-            "printable ASCII without spaces",
-        ),
-        (
-            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://u:hunter2@h:1'}"),
-            "hosts.gpu-b.url",
-            "must not carry credentials (give the host an api_key): 'http://u:****@h:1'",
-        ),
-        (
-            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: 'http://u:hunter2@h:99999'"),
-            "hosts.gpu-b",
-            "'http://u:****@h:99999'",
-        ),
-        (
-            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: 'ftp://u:hunter2@h'"),
-            "hosts.gpu-b",
-            "not 'ftp://u:****@h'",
-        ),
-        (
-            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://h', tls_ca: ca.pem}"),
-            "hosts.gpu-b.tls_ca",
-            "is only for https:// hosts",
-        ),
-        (
-            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'https://h', tls_ca: nope.pem}"),
-            "hosts.gpu-b.tls_ca",
-            "cannot read",
-        ),
-        (
-            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'https://h', api_key: [x]}"),
-            "hosts.gpu-b.api_key",
-            "must be a string",
-        ),
-        (("poll_interval: 5s", "max_body_memory: lots"), "max_body_memory", "not a size"),
-        (("poll_interval: 5s", "max_body_memory: 0"), "max_body_memory", "more than zero"),
-        (
-            ("poll_interval: 5s", "max_body: 2MiB\nmax_body_memory: 1MiB"),
-            "max_body",
-            "must not be more than max_body_memory",
-        ),
-        (("poll_interval: 5s", "max_connections: 0"), "max_connections", "at least 1"),
-        (("poll_interval: 5s", "body_timeout: soon"), "body_timeout", "not a duration"),
-        (
-            ("poll_interval: 5s", "trusted_proxies: [10.0.0.0/33]"),
-            "trusted_proxies",
-            "item 0: not an address or CIDR block",
-        ),
-        (("poll_interval: 5s", "trusted_proxies: 10.0.0.1"), "trusted_proxies", "must be a list"),
-        (("poll_interval: 5s", "status_listen: 7777"), "status_listen", "must differ from listen"),
-    ],
-)
-def test_security_mistakes_name_key_and_problem(
+SECURITY_MISTAKES = [
+    (
+        ("poll_interval: 5s", 'api_keys: ["${NOPE_UNSET}"]'),
+        "api_keys[0]",
+        "environment variable NOPE_UNSET is not set",
+    ),
+    (
+        ("poll_interval: 5s", "api_keys:\n  - ${NOPE_UNSET}"),
+        "api_keys[0]",
+        "environment variable NOPE_UNSET is not set",
+    ),
+    (("poll_interval: 5s", "api_keys: key"), "api_keys", "must be a list of keys, not str"),
+    (("poll_interval: 5s", "api_keys: [7]"), "api_keys[0]", "must be a string"),
+    (("poll_interval: 5s", "status_keys: ['']"), "status_keys[0]", "is empty"),
+    (
+        ("    default_model", "    api_keys: [ok, 'two words']\n    default_model"),
+        "routes.opencode-a.api_keys[1]",
+        "printable ASCII without spaces",
+    ),
+    (
+        ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://u:hunter2@h:1'}"),
+        "hosts.gpu-b.url",
+        "must not carry credentials (give the host an api_key): 'http://u:****@h:1'",
+    ),
+    (
+        ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: 'http://u:hunter2@h:99999'"),
+        "hosts.gpu-b",
+        "'http://u:****@h:99999'",
+    ),
+    (
+        ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: 'ftp://u:hunter2@h'"),
+        "hosts.gpu-b",
+        "not 'ftp://u:****@h'",
+    ),
+    (
+        ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://h', tls_ca: ca.pem}"),
+        "hosts.gpu-b.tls_ca",
+        "is only for https:// hosts",
+    ),
+    (
+        ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'https://h', tls_ca: nope.pem}"),
+        "hosts.gpu-b.tls_ca",
+        "cannot read",
+    ),
+    (
+        ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'https://h', api_key: [x]}"),
+        "hosts.gpu-b.api_key",
+        "must be a string",
+    ),
+    (("poll_interval: 5s", "max_body_memory: lots"), "max_body_memory", "not a size"),
+    (("poll_interval: 5s", "max_body_memory: 0"), "max_body_memory", "more than zero"),
+    (
+        ("poll_interval: 5s", "max_body: 2MiB\nmax_body_memory: 1MiB"),
+        "max_body",
+        "must not be more than max_body_memory",
+    ),
+    (("poll_interval: 5s", "max_connections: 0"), "max_connections", "at least 1"),
+    (("poll_interval: 5s", "body_timeout: soon"), "body_timeout", "not a duration"),
+    (
+        ("poll_interval: 5s", "trusted_proxies: [10.0.0.0/33]"),
+        "trusted_proxies",
+        "item 0: not an address or CIDR block",
+    ),
+    (("poll_interval: 5s", "trusted_proxies: 10.0.0.1"), "trusted_proxies", "must be a list"),
+    (("poll_interval: 5s", "status_listen: 7777"), "status_listen", "must differ from listen"),
+]
+
+
+@pytest.mark.parametrize(("change", "key", "problem"), MISTAKES + SECURITY_MISTAKES)
+def test_mistakes_name_key_and_problem(
     tmp_path: Path, change: tuple[str, str], key: str, problem: str
 ) -> None:
     old, new = change
@@ -350,7 +339,7 @@ def test_security_mistakes_name_key_and_problem(
     message = error_of(tmp_path, MINIMAL.replace(old, new, 1))
     assert message.startswith(f"{key}: "), message
     assert problem in message
-    assert "hunter2" not in message
+    assert "hunter2" not in message  # a URL's password is never shown
 
 
 def test_an_unquoted_variable_in_brackets_gets_a_hint(tmp_path: Path) -> None:
@@ -425,27 +414,3 @@ def test_any_file_is_a_config_or_one_config_error(text: str) -> None:
             load_config(path)
         except ConfigError as e:
             assert "\n" not in str(e)
-
-
-def _self_signed() -> bytes:
-    """A CA certificate's PEM, made for the test."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab CA")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)

@@ -3,14 +3,9 @@ thread), each host with its own connect timeout; the poller's pool and Agent."""
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
@@ -29,28 +24,10 @@ from crossbar.upstream.endpoints import (
     trust_root,
 )
 from crossbar.upstream.parsing import BadAnswer
+from tests.certs import self_signed_ca
 from tests.support import RecordingProducer
 
-
-def _self_signed_ca() -> bytes:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab CA")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-CA_PEM = _self_signed_ca()
+CA_PEM = self_signed_ca()
 
 
 def endpoints() -> HostEndpoints:

@@ -195,18 +195,18 @@ def test_a_guard_is_needed_only_where_there_are_keys_to_ask_for() -> None:
 
 
 def test_keys_from_the_environment_and_the_top_level_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("B2_TEAM_KEY", "from-env")
+    monkeypatch.setenv("CROSSBAR_TEAM_KEY", "from-env")
     config = parse_config(
         {
             "hosts": {"gpu-a": "http://10.0.0.1:8080"},
-            "api_keys": ["${B2_TEAM_KEY}", "literal-key"],
+            "api_keys": ["${CROSSBAR_TEAM_KEY}", "literal-key"],
             "routes": {"lab": {"hosts": ["gpu-a"]}, "own": {"hosts": ["gpu-a"], "api_keys": []}},
         }
     )
     keys = KeyGuard.for_config(config)
     assert keys(CHAT, auth(b"Bearer from-env")) is None
     assert keys(CHAT, api_key(b"literal-key")) is None
-    assert keys(CHAT, auth(b"Bearer ${B2_TEAM_KEY}")) == UNAUTHORIZED
+    assert keys(CHAT, auth(b"Bearer ${CROSSBAR_TEAM_KEY}")) == UNAUTHORIZED
     assert keys(b"/own/v1/models", []) is None  # an empty list of its own: open
 
 
@@ -459,8 +459,8 @@ async def test_no_key_shows_anywhere_an_admin_or_a_client_can_read(
         "host": "hk-9c1e4b22",
         "client": "wrong-0e8b1f3a",
     }
-    monkeypatch.setenv("B2_ROUTE_KEY", secrets["route"])
-    monkeypatch.setenv("B2_HOST_KEY", secrets["host"])
+    monkeypatch.setenv("CROSSBAR_ROUTE_KEY", secrets["route"])
+    monkeypatch.setenv("CROSSBAR_HOST_KEY", secrets["host"])
     dead = free_port()
 
     def from_yaml(made: Config) -> Config:
@@ -470,12 +470,12 @@ async def test_no_key_shows_anywhere_an_admin_or_a_client_can_read(
                 "listen": made.listen,
                 "poll_interval": "60s",
                 "connect_timeout": "1s",
-                "api_keys": ["${B2_ROUTE_KEY}", secrets["other"]],
+                "api_keys": ["${CROSSBAR_ROUTE_KEY}", secrets["other"]],
                 "status_keys": [secrets["status"]],
                 "hosts": {
-                    "gpu-a": {"url": urls["gpu-a"], "api_key": "${B2_HOST_KEY}"},
+                    "gpu-a": {"url": urls["gpu-a"], "api_key": "${CROSSBAR_HOST_KEY}"},
                     "gpu-b": urls["gpu-b"],
-                    "gpu-x": {"url": f"http://127.0.0.1:{dead}", "api_key": "${B2_HOST_KEY}"},
+                    "gpu-x": {"url": f"http://127.0.0.1:{dead}", "api_key": "${CROSSBAR_HOST_KEY}"},
                 },
                 "routes": {
                     "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "tiny-a"},
@@ -527,6 +527,6 @@ async def test_no_key_shows_anywhere_an_admin_or_a_client_can_read(
 
 
 def test_a_secret_prints_masked_in_the_config_it_came_from() -> None:
-    secret = expand("${B2_X}", {"B2_X": "hidden-value"})
+    secret = expand("${CROSSBAR_X}", {"CROSSBAR_X": "hidden-value"})
     config = keyed_config(status_keys=(secret,))
     assert "hidden-value" not in repr(config) and "hidden-value" not in str(config)

@@ -111,7 +111,7 @@ def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path, port: int) -> 
     (tmp_path / "crossbar.yaml").write_text(
         f'listen: "tcp:{port}:interface=127.0.0.1"\n'
         f'status_listen: "tcp:{pages}:interface=127.0.0.1"\n'
-        'status_keys: ["${B2_STATUS_KEY}"]\n'
+        'status_keys: ["${CROSSBAR_STATUS_KEY}"]\n'
         "api_keys: [route-key-77]\n"
         "poll_interval: 1h\n"
         f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
@@ -123,7 +123,7 @@ def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path, port: int) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "B2_STATUS_KEY": "status-key-88"},
+        env={**os.environ, "CROSSBAR_STATUS_KEY": "status-key-88"},
     )
     main, own = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{pages}"
     try:

@@ -9,7 +9,6 @@ made here (a lab CA, a host certificate it signed, and certificates that must fa
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import json
 from collections.abc import AsyncIterator
@@ -21,9 +20,6 @@ import pytest
 import pytest_twisted
 import treq
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from treq.client import HTTPClient
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
@@ -39,6 +35,7 @@ from crossbar.service import Crossbar
 from crossbar.testing import FAST, LogCapture, SimulatedHost, all_polled, guard, turns
 from crossbar.testing.simulator.serving import QuietSite
 from crossbar.upstream import Discard, Upstreams, describe
+from tests.certs import certificate, key_pem, new_key, pem
 from tests.support import header
 
 pytestmark = pytest.mark.filterwarnings(
@@ -57,47 +54,6 @@ def reactor_() -> Any:
 
 
 # -- throwaway certificates -------------------------------------------------------------------
-
-
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def _certificate(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    ca: bool = False,
-    names: list[x509.GeneralName] | None = None,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    issuer_name, signer = (issuer[0].subject, issuer[1]) if issuer else (_name(subject), key)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(signer, hashes.SHA256())
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
 
 
 @attrs.frozen
@@ -124,28 +80,28 @@ class Pki:
 
 
 def _pair(folder: Path, name: str, cert: x509.Certificate, key: Any) -> Pair:
-    (folder / f"{name}.pem").write_bytes(_pem(cert))
-    (folder / f"{name}.key").write_bytes(_key_pem(key))
+    (folder / f"{name}.pem").write_bytes(pem(cert))
+    (folder / f"{name}.key").write_bytes(key_pem(key))
     return Pair(folder / f"{name}.pem", folder / f"{name}.key")
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     folder = tmp_path_factory.mktemp("pki")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _certificate("crossbar test lab CA", ca_key, None, ca=True)
-    other_key = ec.generate_private_key(ec.SECP256R1())
-    other_ca = _certificate("someone else's CA", other_key, None, ca=True)
+    ca_key = new_key()
+    ca = certificate("crossbar test lab CA", ca_key, None, ca=True)
+    other_key = new_key()
+    other_ca = certificate("someone else's CA", other_key, None, ca=True)
     local = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    keys = [ec.generate_private_key(ec.SECP256R1()) for _ in range(3)]
-    good = _certificate("gpu-a", keys[0], (ca, ca_key), names=local)
-    stranger = _certificate("gpu-a", keys[1], (other_ca, other_key), names=local)
-    misnamed = _certificate("gpu-z", keys[2], (ca, ca_key), names=[x509.DNSName("gpu-z.lab")])
-    (folder / "ca.pem").write_bytes(_pem(ca))
+    keys = [new_key() for _ in range(3)]
+    good = certificate("gpu-a", keys[0], (ca, ca_key), names=local)
+    stranger = certificate("gpu-a", keys[1], (other_ca, other_key), names=local)
+    misnamed = certificate("gpu-z", keys[2], (ca, ca_key), names=[x509.DNSName("gpu-z.lab")])
+    (folder / "ca.pem").write_bytes(pem(ca))
     return Pki(
-        _pem(ca),
+        pem(ca),
         folder / "ca.pem",
-        _pem(other_ca),
+        pem(other_ca),
         _pair(folder, "good", good, keys[0]),
         _pair(folder, "stranger", stranger, keys[1]),
         _pair(folder, "misnamed", misnamed, keys[2]),
