@@ -522,14 +522,20 @@ def test_the_connections_are_in_the_metrics() -> None:
     table = HealthTable({"gpu-a": "http://127.0.0.1:1"}, Clock(), {"gpu-a": HostSettings()})
     metrics = Metrics(table, Traffic(["gpu-a"], ["lab"]))
     metrics.count_connections(d.site)
-    d.connect(), d.connect(), refused_connection(d)
+    first, second = d.connect(), d.connect()
+    refused_connection(d)
+    first.send(b"TRACE /lab/v1/models HTTP/1.1\r\nHost: a\r\n\r\n")
+    second.send(post(extra=b"Host: b\r\n"))
     found = {
-        sample.name: sample.value
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(metrics.render().decode())
         for sample in family.samples
     }
-    assert found["crossbar_connections_refused_total"] == 1
-    assert found["crossbar_client_connections"] == 2
+    assert found["crossbar_connections_refused_total", ()] == 1
+    assert found["crossbar_client_connections", ()] == 2
+    refused = "crossbar_requests_refused_total"
+    assert found[refused, (("code", "405"), ("reason", "method not allowed"))] == 1
+    assert found[refused, (("code", "400"), ("reason", "more than one Host header"))] == 1
 
 
 # -- over real sockets ------------------------------------------------------------------------

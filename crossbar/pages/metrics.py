@@ -91,6 +91,9 @@ class ClientConnections(Protocol):
     open_connections: int
     refused_connections: int
 
+    @property
+    def refused_requests(self) -> Mapping[tuple[int, str], int]: ...
+
 
 class _ConnectionsCollector:
     """Reads a site's connection counts when scraped: nothing is copied per connection."""
@@ -109,7 +112,14 @@ class _ConnectionsCollector:
             "Client connections open now.",
             value=self._site.open_connections,
         )
-        return [refused, open_now]
+        requests = CounterMetricFamily(
+            "crossbar_requests_refused",
+            "Requests refused from their head alone (bad request, unauthorized, limits).",
+            labels=["code", "reason"],
+        )
+        for (code, reason), count in sorted(self._site.refused_requests.items()):
+            requests.add_metric([str(code), reason], count)
+        return [refused, open_now, requests]
 
 
 class _Children:

@@ -7,6 +7,7 @@ twisted.web's own."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from io import BytesIO
 from typing import Any
 
@@ -248,6 +249,7 @@ class Channel(ParserRefusals):
         if self._refused:
             return
         self._refused = True
+        self.site.refused_requests[refusal.status, refusal.error] += 1
         self._in_body = False
         self._stop_deadline()
         stop(self._body_timer)
@@ -340,6 +342,8 @@ class Site(server.Site):
         """Client connections open now."""
         self.refused_connections = 0
         """Client connections closed at once since start, ``max_connections`` being open."""
+        self.refused_requests: Counter[tuple[int, str]] = Counter()
+        """Requests refused from their head, by status and error (a fixed set of words)."""
         self.body_memory = 0
         """Bytes of request bodies held now (announced lengths, chunks as they came)."""
         self._prefix = INTERNAL_LISTENER if internal else "crossbar"
