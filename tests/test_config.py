@@ -145,7 +145,7 @@ MISTAKES = [
     (
         ("    default_model", "    policy: fastest\n    default_model"),
         "routes.opencode-a.policy",
-        "must be one of priority, round_robin, least_busy",
+        "must be one of priority, round_robin, least_busy, cache_affinity",
     ),
     (
         ("    default_model", "    when_all_down: panic\n    default_model"),
@@ -340,6 +340,53 @@ def test_mistakes_name_key_and_problem(
     assert message.startswith(f"{key}: "), message
     assert problem in message
     assert "hunter2" not in message  # a URL's password is never shown
+
+
+def test_cache_affinity_and_slots(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        "    default_model",
+        "    policy: cache_affinity\n    affinity_max_load: 2\n    default_model",
+    ).replace(
+        "  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://10.0.0.12:8080', slots: 4}"
+    )
+    config = load_config(write(tmp_path, text))
+    route = config.routes["opencode-a"]
+    assert (route.policy, route.affinity_max_load) == ("cache_affinity", 2.0)
+    assert config.hosts["gpu-b"].slots == 4
+    assert config.hosts["gpu-a"].slots is None
+    assert parse_config(yaml.safe_load(MINIMAL)).routes["opencode-a"].affinity_max_load == 1.5
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "problem"),
+    [
+        (
+            ("    default_model", "    affinity_max_load: 2\n    default_model"),
+            "routes.opencode-a.affinity_max_load",
+            "is only for policy cache_affinity",
+        ),
+        (
+            (
+                "    default_model",
+                "    policy: cache_affinity\n    affinity_max_load: 0.5\n    default_model",
+            ),
+            "routes.opencode-a.affinity_max_load",
+            "must be a number from 1 to 100, not 0.5",
+        ),
+        (
+            ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://h:1', slots: 0}"),
+            "hosts.gpu-b.slots",
+            "at least 1",
+        ),
+    ],
+)
+def test_affinity_mistakes_name_key_and_problem(
+    tmp_path: Path, change: tuple[str, str], key: str, problem: str
+) -> None:
+    old, new = change
+    message = error_of(tmp_path, MINIMAL.replace(old, new, 1))
+    assert message.startswith(f"{key}: "), message
+    assert problem in message
 
 
 def test_an_unquoted_variable_in_brackets_gets_a_hint(tmp_path: Path) -> None:

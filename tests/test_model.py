@@ -91,5 +91,7 @@ def test_defaults() -> None:
 
 
 def test_policy_names_match_the_literal_types() -> None:
-    assert POLICIES == get_args(Policy) == ("priority", "round_robin", "least_busy")
+    assert (
+        POLICIES == get_args(Policy) == ("priority", "round_robin", "least_busy", "cache_affinity")
+    )
     assert WHEN_ALL_DOWN == get_args(WhenAllDown) == ("fail", "try_all")

@@ -39,8 +39,16 @@ from crossbar.config.secrets import Secret, expand
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
-_ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
-_HOST_KEYS = {"url", "api_key", "tls_ca"} | SETTING_KEYS
+_ROUTE_KEYS = {
+    "hosts",
+    "default_model",
+    "policy",
+    "when_all_down",
+    "list_models",
+    "api_keys",
+    "affinity_max_load",
+}
+_HOST_KEYS = {"url", "api_key", "tls_ca", "slots"} | SETTING_KEYS
 _LIMIT_PARSERS: dict[str, Any] = {
     "head_timeout": parse_duration,
     "body_timeout": parse_duration,
@@ -206,7 +214,8 @@ def _host(r: _Reader, name: str, key: str, spec: object, defaults: HostSettings)
         if not url.startswith("https://"):
             raise r.fail(f"{key}.tls_ca", "is only for https:// hosts")
         ca_path, ca = _certificates(r, f"{key}.tls_ca", entry["tls_ca"])
-    return HostConfig(name, url, own if own != defaults else None, api_key, ca, ca_path)
+    slots = r.convert(f"{key}.slots", parse_count, entry["slots"]) if "slots" in entry else None
+    return HostConfig(name, url, own if own != defaults else None, api_key, ca, ca_path, slots)
 
 
 def _certificates(r: _Reader, key: str, value: object) -> tuple[str, bytes]:
@@ -266,7 +275,20 @@ def _route(
         cast(model_.WhenAllDown, all_down),
         cast(model_.ListModels, listing),
         r.keys(f"{key}.api_keys", body["api_keys"]) if "api_keys" in body else api_keys,
+        _max_load(r, key, body, policy),
     )
+
+
+def _max_load(r: _Reader, key: str, body: dict[str, Any], policy: str) -> float:
+    if "affinity_max_load" not in body:
+        return 1.5
+    where = f"{key}.affinity_max_load"
+    if policy != "cache_affinity":
+        raise r.fail(where, "is only for policy cache_affinity")
+    value = body["affinity_max_load"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 100:
+        raise r.fail(where, f"must be a number from 1 to 100, not {value!r}")
+    return float(value)
 
 
 def _settings(r: _Reader, section: dict[str, Any], key: str, base: HostSettings) -> HostSettings:

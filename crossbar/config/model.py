@@ -14,7 +14,7 @@ import attrs
 
 from crossbar.config.secrets import Secret
 
-Policy = Literal["priority", "round_robin", "least_busy"]
+Policy = Literal["priority", "round_robin", "least_busy", "cache_affinity"]
 """How a route picks among the hosts of its best group."""
 WhenAllDown = Literal["fail", "try_all"]
 """What a route does when none of its hosts is healthy."""
@@ -71,6 +71,9 @@ class HostConfig:
     of the system's CAs (a lab's own CA)."""
     tls_ca_path: str | None = None
     """Where ``tls_ca`` was read from, for messages."""
+    slots: int | None = None
+    """Requests the host serves at once (its ``-np``), when known: ``cache_affinity``
+    keeps the conversations it holds within what its slots can keep cached."""
 
 
 @attrs.frozen
@@ -84,6 +87,10 @@ class RouteConfig:
     api_keys: tuple[Secret, ...] = ()
     """Keys a client must offer to use this route (its own list, else the top-level
     one); empty means the route is open."""
+    affinity_max_load: float = 1.5
+    """``cache_affinity``: a conversation leaves its home host only when that host has
+    more requests in flight than this times the group's average (and 2 more than the
+    least busy)."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:
