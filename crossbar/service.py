@@ -28,7 +28,7 @@ from crossbar.fleet.recent import RecentTraffic
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
-from crossbar.server.exchange import ProxyContext
+from crossbar.server.context import ProxyContext
 from crossbar.server.keys import KeyGuard, Pages
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import ProxyResource, RootResource
@@ -74,7 +74,8 @@ class Crossbar(MultiService):
         settings = config.settings
         self.table = HealthTable(config.urls, reactor, settings)
         self.table.on_change(log_transition)
-        self.traffic = Traffic(config.hosts, config.routes)
+        slots = {name: h.slots for name, h in config.hosts.items() if h.slots is not None}
+        self.traffic = Traffic(config.hosts, config.routes, slots)
 
         poll_pool = make_pool(reactor, per_host=1)
         poll_timeouts = {name: s.poll_timeout for name, s in settings.items()}
@@ -88,7 +89,8 @@ class Crossbar(MultiService):
             reactor, config.urls, connect_timeouts, max_idle=MAX_IDLE_PER_HOST, tls_cas=tls_cas
         )
         self.metrics = Metrics(self.table, self.traffic)
-        self.recent = RecentTraffic(config.hosts, reactor)
+        affine = [name for name, r in config.routes.items() if r.policy == "cache_affinity"]
+        self.recent = RecentTraffic(config.hosts, reactor, affine)
         observer = Observers(self.metrics, self.recent)
         self.proxy = ProxyResource(
             ProxyContext(config, self.table, self.traffic, upstreams, reactor, observer)

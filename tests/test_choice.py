@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from crossbar.config import Policy, RouteConfig, WhenAllDown
-from crossbar.fleet.choice import choose, choose_for_route, routes_down
+from crossbar.fleet.affinity import Conversations, rendezvous
+from crossbar.fleet.choice import choose, choose_for_route, place, routes_down
 from crossbar.fleet.state import HostState
 
 
@@ -188,3 +189,54 @@ def test_routes_down_lists_routes_without_a_healthy_host_in_config_order() -> No
     }
     assert routes_down(routes, states) == ["zeta", "ghost", "alpha"]
     assert routes_down({"mixed": routes["mixed"]}, states) == []
+
+
+# -- cache_affinity ---------------------------------------------------------------------------
+
+KEYS = [bytes([n]) * 16 for n in range(40)]
+
+
+def test_cache_affinity_without_a_conversation_takes_the_least_busy() -> None:
+    states = {"a": state("a"), "b": state("b"), "c": state("c")}
+    busy = {"a": 3, "b": 1, "c": 2}
+    assert choose(["a", "b", "c"], None, states, policy="cache_affinity", in_flight=busy) == "b"
+    r = route("a", "b", "c", policy="cache_affinity")
+    assert choose_for_route(r, None, states, busy, 0) == "b"
+
+
+def test_a_conversation_is_placed_within_the_group_that_has_its_model_loaded() -> None:
+    states = {"a": state("a"), "b": state("b", loaded=("m",)), "c": state("c", loaded=("m",))}
+    r = route("a", "b", "c", policy="cache_affinity")
+    table = Conversations()
+    homes = set()
+    for key in KEYS:
+        placed = place(r, "m", states, {}, table, key, 0.0)
+        assert placed is not None and placed.host == rendezvous(key, ["b", "c"])[0]
+        homes.add(placed.host)
+    assert homes == {"b", "c"}  # a knows nothing of m: never chosen while b or c has it
+
+
+def test_a_retry_of_a_conversation_goes_to_its_next_host() -> None:
+    states = {"a": state("a"), "b": state("b"), "c": state("c", healthy=False)}
+    r = route("a", "b", "c", policy="cache_affinity")
+    table = Conversations()
+    key = KEYS[0]
+    first = place(r, None, states, {}, table, key, 0.0)
+    assert first is not None
+    retry = place(r, None, states, {}, table, key, 0.0, exclude=[first.host])
+    assert retry is not None and retry.host != first.host and retry.outcome == "moved"
+    assert place(r, None, states, {}, table, key, 0.0, exclude=["a", "b"]) is None
+
+
+def test_a_retry_past_the_loaded_group_goes_to_the_next_group() -> None:
+    states = {"a": state("a", loaded=("m",)), "b": state("b", known=("m",))}
+    r = route("a", "b", policy="cache_affinity")
+    placed = place(r, "m", states, {}, Conversations(), KEYS[0], 0.0, exclude=["a"])
+    assert placed is not None and placed.host == "b"
+
+
+def test_no_healthy_host_leaves_a_conversation_to_when_all_down() -> None:
+    states = {"a": state("a", healthy=False)}
+    r = route("a", policy="cache_affinity", when_all_down="try_all")
+    assert place(r, None, states, {}, Conversations(), KEYS[0], 0.0) is None
+    assert choose_for_route(r, None, states, {}, 0) == "a"

@@ -212,3 +212,21 @@ def test_requests_by_model_name_only_models_the_fleet_knows(table: HealthTable) 
     table.record_ok("gpu-b", loaded=[], known=["m3", "typo-1"])
     metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, "typo-1"))
     assert value(samples(metrics.render()), by_model, route="lab", model="typo-1") == 1
+
+
+def test_affinity_outcomes_are_counted_by_route_host_and_outcome(table: HealthTable) -> None:
+    metrics = Metrics(table, FakeProxy())
+    for host, outcome in [
+        ("gpu-a", "new"),
+        ("gpu-a", "home"),
+        ("gpu-a", "home"),
+        ("gpu-b", "moved"),
+    ]:
+        metrics.request_done(Outcome("lab", host, 200, 0.1, 0.1, 1, "m1", outcome))  # type: ignore[arg-type]
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, "m1"))  # no conversation
+    found = samples(metrics.render())
+    name = "crossbar_affinity_total"
+    assert value(found, name, route="lab", host="gpu-a", outcome="new") == 1
+    assert value(found, name, route="lab", host="gpu-a", outcome="home") == 2
+    assert value(found, name, route="lab", host="gpu-b", outcome="moved") == 1
+    assert sum(1 for sample in found if sample[0] == name) == 3

@@ -167,3 +167,34 @@ def test_observers_are_each_told_in_turn(recent: RecentTraffic) -> None:
     Observers(Recorder("metrics"), recent, Recorder("other")).request_done(outcome)
     assert seen == [("metrics", outcome), ("other", outcome)]
     assert recent.host("gpu-a") == HostRecent(requests=1, errors=1, ttfb_p50=0.5)
+
+
+# -- cache_affinity routes: turns at their conversation's home ---------------------------------
+
+
+def turn(route: str, affinity: str | None, host: str = "gpu-a") -> Outcome:
+    return Outcome(route, host, 200, 1.0, 0.5, 0, "m1", affinity)  # type: ignore[arg-type]
+
+
+def test_turns_at_home_are_counted_per_affinity_route(clock: Clock) -> None:
+    recent = RecentTraffic(["gpu-a", "gpu-b"], clock, routes=["agents"])
+    for affinity in ("new", "home", "home", "moved"):
+        recent.request_done(turn("agents", affinity))
+    recent.request_done(turn("agents", None))  # no conversation (no messages): not a turn
+    recent.request_done(turn("other", "home"))  # a route not counted
+    window = recent.affinity("agents")
+    assert (window.turns, window.home, window.moved, window.home_share) == (4, 3, 1, 0.75)
+    assert recent.affinity("other").home_share is None
+    assert recent.host("gpu-a").requests == 6  # every request still counts for its host
+
+
+def test_turns_leave_the_window_after_five_minutes(clock: Clock) -> None:
+    recent = RecentTraffic(["gpu-a"], clock, routes=["agents"])
+    recent.request_done(turn("agents", "moved"))
+    clock.advance(200)
+    recent.request_done(turn("agents", "home"))
+    assert recent.affinity("agents").turns == 2
+    clock.advance(110)  # the first turn is 310 s old
+    assert (recent.affinity("agents").turns, recent.affinity("agents").home_share) == (1, 1.0)
+    clock.advance(300)
+    assert recent.affinity("agents").turns == 0

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.web.template import flattenString
 
 from crossbar.config import DEMO_SOURCE, Config, HostConfig, RouteConfig
-from crossbar.fleet import HealthTable, HostRecent, HostState, choose_for_route
+from crossbar.fleet import HealthTable, HostRecent, HostState, RouteAffinity, choose_for_route
 from crossbar.pages import render
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.render import About, StatusPage, duration, short_seconds
@@ -47,6 +47,7 @@ def page(
     recent: dict[str, HostRecent] | None = None,
     base: str = "http://crossbar:7777",
     about: About | None = None,
+    affinity: dict[str, RouteAffinity] | None = None,
 ) -> str:
     """The page, with each route's choice made as the status app makes it; crossbar
     started at T0 unless ``about`` says otherwise."""
@@ -57,7 +58,15 @@ def page(
     about = about or About("1.2.3", T0, cfg.source)
     return flatten(
         StatusPage(
-            cfg, states, in_flight or {}, choices, now, about=about, recent=recent or {}, base=base
+            cfg,
+            states,
+            in_flight or {},
+            choices,
+            now,
+            about=about,
+            recent=recent or {},
+            base=base,
+            affinity=affinity or {},
         )
     )
 
@@ -393,3 +402,21 @@ def test_durations_and_times_to_first_byte_in_words() -> None:
     times = [0.00001, 0.00045, 0.0015, 0.042, 0.42, 1.5, 12.0, 120.0, 9900.0]
     words = ["0.01 ms", "0.45 ms", "1.5 ms", "42 ms", "420 ms", "1.5 s", "12 s", "120 s", "9900 s"]
     assert [short_seconds(time) for time in times] == words
+
+
+def test_a_cache_affinity_route_says_how_many_turns_went_home() -> None:
+    cfg = config(
+        {"gpu-a": "http://a", "gpu-b": "http://b"},
+        RouteConfig("agents", ("gpu-a", "gpu-b"), None, "cache_affinity"),
+        RouteConfig("quiet", ("gpu-a", "gpu-b"), None, "cache_affinity"),
+        RouteConfig("lab", ("gpu-a",), None),
+    )
+    states = {n: HostState(n, f"http://{n}", healthy=True) for n in ("gpu-a", "gpu-b")}
+    turns = {"agents": RouteAffinity(turns=200, home=187), "quiet": RouteAffinity()}
+    html = page(cfg, states, T0, affinity=turns)
+    assert (
+        '<small title="187 at home, 13 moved (load bound, slots, a failed host)" '
+        'class="affinity">94% of 200 turns at their home host, 5 min</small>'
+    ) in html
+    assert '<span class="muted">no conversation in 5 min</span>' in html
+    assert html.count("turns at their home host") == 1

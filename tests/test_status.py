@@ -874,3 +874,44 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     data = png.read_bytes()
     assert png_size(data) == (1200, 900)
     assert len(data) > 30_000, f"{len(data)} bytes: is the page blank?"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cache_affinity_route_shows_the_share_of_turns_at_home() -> None:
+    config = lab_config(
+        {"gpu-a": "http://a", "gpu-b": "http://b"},
+        {
+            "agents": {"hosts": ["gpu-a", "gpu-b"], "policy": "cache_affinity"},
+            "lab": {"hosts": ["gpu-a"]},
+        },
+    )
+    clock = Clock()
+    clock.advance(T0)
+    table = HealthTable(config.urls, clock)
+    proxy = FakeProxy(in_flight={"gpu-a": 0, "gpu-b": 0})
+    recent = RecentTraffic(config.hosts, clock, routes=["agents"])
+    app = StatusApp(config, table, proxy, Metrics(table, proxy), clock, recent=recent)
+    http = StubTreq(app.resource())
+
+    async def routes() -> tuple[dict[str, Any], list[dict[str, str]]]:
+        doc = json.loads(await treq.content(await http.get("http://crossbar/status")))
+        page = (await treq.content(await http.get("http://crossbar/"))).decode()
+        return doc["routes"], PageRows(page).tables["routes"]
+
+    doc, rows = await routes()
+    assert doc["agents"]["affinity"] == {
+        "window_seconds": 300,
+        "turns": 0,
+        "home": 0,
+        "moved": 0,
+        "home_share": None,
+    }
+    assert "affinity" not in doc["lab"]
+    assert rows[0]["Policy"] == "cache_affinity no conversation in 5 min"
+    for outcome in ("new", "home", "home", "home", "moved"):
+        recent.request_done(Outcome("agents", "gpu-a", 200, 1.0, 0.1, 10, "m", outcome))  # type: ignore[arg-type]
+    doc, rows = await routes()
+    assert doc["agents"]["affinity"]["home_share"] == 0.8
+    assert (doc["agents"]["affinity"]["turns"], doc["agents"]["affinity"]["moved"]) == (5, 1)
+    assert rows[0]["Policy"] == "cache_affinity 80% of 5 turns at their home host, 5 min"
+    assert rows[1]["Policy"] == "priority"

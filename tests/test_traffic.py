@@ -60,4 +60,5 @@ def test_outcome_is_frozen() -> None:
         "first_byte": None,
         "sent": 0,
         "model": None,
+        "affinity": None,
     }

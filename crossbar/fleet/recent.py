@@ -1,4 +1,5 @@
-"""Each host's last five minutes: requests, errors and the median time to first byte.
+"""Each host's last five minutes: requests, errors and the median time to first byte;
+and each ``cache_affinity`` route's: how many turns went to their conversation's home.
 
 The lifetime counters are in the metrics; an admin glancing at the status page wants
 *now*. So each host has a ring of 30 buckets of 10 s, fed by every proxied request
@@ -63,16 +64,47 @@ class _Bucket:
         self.ttfb = [0] * len(GRID)
 
 
-class RecentTraffic:
-    """Rolling per-host counts over the last :data:`WINDOW_SECONDS` (to the 10 s)."""
+@attrs.frozen
+class RouteAffinity:
+    """Where one ``cache_affinity`` route's turns went in the window."""
 
-    def __init__(self, hosts: Iterable[str], clock: Clock) -> None:
+    turns: int = 0
+    """Requests that belonged to a conversation."""
+    home: int = 0
+    """Of them, those sent to their conversation's home host (``new`` and ``home``)."""
+
+    @property
+    def moved(self) -> int:
+        return self.turns - self.home
+
+    @property
+    def home_share(self) -> float | None:
+        """``home`` over ``turns``; ``None`` with no turn in the window."""
+        return self.home / self.turns if self.turns else None
+
+
+class _Turns:
+    __slots__ = ("home", "tick", "turns")
+
+    def __init__(self) -> None:
+        self.tick = _NEVER
+        self.turns = self.home = 0
+
+
+class RecentTraffic:
+    """Rolling per-host counts over the last :data:`WINDOW_SECONDS` (to the 10 s), and
+    per-route counts of turns for the ``routes`` given."""
+
+    def __init__(self, hosts: Iterable[str], clock: Clock, routes: Iterable[str] = ()) -> None:
         self._clock = clock
         # Fixed at start: an outcome naming any other host (or none) adds nothing.
         self._rings = {name: [_Bucket() for _ in range(BUCKETS)] for name in hosts}
+        self._turns = {name: [_Turns() for _ in range(BUCKETS)] for name in routes}
 
     def request_done(self, outcome: Outcome) -> None:
         """Count one ended request; on every request's path, so nothing here sorts."""
+        if outcome.affinity is not None:
+            self._count_turn(outcome)
         ring = self._rings.get(outcome.host) if outcome.host is not None else None
         if ring is None:
             return
@@ -105,6 +137,24 @@ class RecentTraffic:
     def hosts(self) -> dict[str, HostRecent]:
         """Every host's window as of now, in the order the hosts were given."""
         return {name: self.host(name) for name in self._rings}
+
+    def _count_turn(self, outcome: Outcome) -> None:
+        ring = self._turns.get(outcome.route)
+        if ring is None:
+            return
+        tick = int(self._clock.seconds() // BUCKET_SECONDS)
+        bucket = ring[tick % BUCKETS]
+        if bucket.tick != tick:
+            bucket.tick, bucket.turns, bucket.home = tick, 0, 0
+        bucket.turns += 1
+        if outcome.affinity != "moved":
+            bucket.home += 1
+
+    def affinity(self, route: str) -> RouteAffinity:
+        """One route's turns in the window as of now; a route not counted had none."""
+        now = int(self._clock.seconds() // BUCKET_SECONDS)
+        live = [b for b in self._turns.get(route, ()) if now - BUCKETS < b.tick <= now]
+        return RouteAffinity(sum(b.turns for b in live), sum(b.home for b in live))
 
 
 def _median(counts: list[int]) -> float | None:

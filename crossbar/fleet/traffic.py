@@ -1,20 +1,28 @@
-"""What the proxy is carrying now: requests in flight per host, and each route's
-round-robin turn. The proxy changes it; the choice rules, pages and metrics read it."""
+"""What the proxy is carrying now: requests in flight per host, each route's
+round-robin turn, and where ``cache_affinity`` conversations went. The proxy changes it;
+the choice rules, pages and metrics read it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import attrs
+
+from crossbar.fleet.affinity import AffinityOutcome, Conversations
 
 
 class Traffic:
     """Counters kept as plain dicts: they are read and written on every request."""
 
-    def __init__(self, hosts: Iterable[str], routes: Iterable[str]) -> None:
+    def __init__(
+        self, hosts: Iterable[str], routes: Iterable[str], slots: Mapping[str, int] | None = None
+    ) -> None:
         self.in_flight: dict[str, int] = dict.fromkeys(hosts, 0)
         self.turns: dict[str, int] = dict.fromkeys(routes, 0)
+        self.conversations = Conversations(slots)
+        """One table for every ``cache_affinity`` route: a host's slots are shared by
+        the conversations of all the routes it serves."""
 
     def move(self, old: str | None, new: str | None) -> None:
         """A request leaves host ``old`` (if any) for host ``new`` (if any)."""
@@ -42,6 +50,9 @@ class Outcome:
     model: str | None = None
     """The model the request's body asked for (or the route's default filled into it);
     ``None`` for a request that asks for no model."""
+    affinity: AffinityOutcome | None = None
+    """How ``cache_affinity`` placed the request's conversation; ``None`` for a request
+    with no conversation or on a route of another policy."""
 
 
 class ProxyObserver(Protocol):

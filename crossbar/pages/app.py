@@ -28,6 +28,7 @@ from crossbar.fleet import (
     HealthTable,
     HostState,
     RecentTraffic,
+    RouteAffinity,
     Traffic,
     choose_for_route,
     routes_down,
@@ -113,6 +114,7 @@ class StatusApp:
         about = self.about
         now = self.clock.seconds()
         worker = about.worker
+        affinity = self.affinity()
         return {
             "version": about.version,
             "uptime_seconds": round(now - about.started, 3),
@@ -120,10 +122,15 @@ class StatusApp:
             "worker": None if worker is None else {"index": worker.index, "count": worker.count},
             "hosts": {name: self.host_json(state) for name, state in states.items()},
             "routes": {
-                name: _route_json(route, choices[name], states, base)
+                name: _route_json(route, choices[name], states, base, affinity.get(name))
                 for name, route in self.config.routes.items()
             },
         }
+
+    def affinity(self) -> dict[str, RouteAffinity]:
+        """Each ``cache_affinity`` route's turns over the recent window."""
+        routes = self.config.routes.items()
+        return {n: self.recent.affinity(n) for n, r in routes if r.policy == "cache_affinity"}
 
     # -- endpoints -------------------------------------------------------------------------
 
@@ -143,6 +150,7 @@ class StatusApp:
             self.clock.seconds(),
             about=self.about,
             recent=self.recent.hosts(),
+            affinity=self.affinity(),
             base=base_url(request),
         )
 
@@ -225,10 +233,14 @@ def _not_found(request: IRequest) -> bytes:
 
 
 def _route_json(
-    route: RouteConfig, choice: str | None, states: Mapping[str, HostState], base: str
+    route: RouteConfig,
+    choice: str | None,
+    states: Mapping[str, HostState],
+    base: str,
+    affinity: RouteAffinity | None,
 ) -> dict[str, Any]:
     chosen = None if choice is None else states.get(choice)
-    return {
+    doc: dict[str, Any] = {
         "base_url": f"{base}/{route.name}/v1",
         "hosts": list(route.hosts),
         "policy": route.policy,
@@ -237,6 +249,15 @@ def _route_json(
         "choice": choice,
         "choice_model": model_on(chosen, route.default_model),
     }
+    if affinity is not None:
+        doc["affinity"] = {
+            "window_seconds": WINDOW_SECONDS,
+            "turns": affinity.turns,
+            "home": affinity.home,
+            "moved": affinity.moved,
+            "home_share": affinity.home_share,
+        }
+    return doc
 
 
 def base_url(request: IRequest) -> str:

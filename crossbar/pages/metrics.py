@@ -167,6 +167,14 @@ class Metrics:
             ["route", "model"],
             registry=registry,
         )
+        self.affinity = Counter(
+            "crossbar_affinity",
+            "cache_affinity requests by route, the host they went to, and outcome: new "
+            "(a conversation not seen before, at its home), home, or moved.",
+            ["route", "host", "outcome"],
+            registry=registry,
+        )
+        self._by_affinity: dict[tuple[str, str, str], Counter] = {}
         self._table = table
         self._by_model: dict[tuple[str, str], Counter] = {}
         self.registry.register(_FleetCollector(table, traffic))
@@ -197,6 +205,12 @@ class Metrics:
             children.bytes.inc(outcome.sent)
         if outcome.model is not None:
             self._count_model(route, outcome.model)
+        if outcome.affinity is not None:
+            placed = (route, host, outcome.affinity)
+            turns = self._by_affinity.get(placed)
+            if turns is None:
+                turns = self._by_affinity[placed] = self.affinity.labels(*placed)
+            turns.inc()
 
     def _count_model(self, route: str, model: str) -> None:
         label = model if self._table.knows(model) else OTHER_MODEL

@@ -17,7 +17,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer, tags
 
 from crossbar.config import DEMO_SOURCE, Config, RouteConfig
-from crossbar.fleet import HostRecent, HostState, routes_down
+from crossbar.fleet import HostRecent, HostState, RouteAffinity, routes_down
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.peers import WorkerInfo
 
@@ -213,6 +213,16 @@ def _joined(separator: str, items: Iterable[Flattenable]) -> list[Flattenable]:
     return out
 
 
+def _at_home(turns: RouteAffinity) -> Tag:
+    """How well a ``cache_affinity`` route keeps conversations on their home host."""
+    share = turns.home_share
+    if share is None:
+        return _muted(f"no conversation in {WINDOW_SECONDS // 60} min")
+    text = f"{share:.0%} of {turns.turns} turns at their home host, {WINDOW_SECONDS // 60} min"
+    hint = f"{turns.home} at home, {turns.moved} moved (load bound, slots, a failed host)"
+    return tags.small(text, title=hint, class_="affinity")
+
+
 def _when(epoch: float, text: str) -> Tag:
     """A time in words, with the exact time on hover."""
     return tags.span(text, title=rfc3339(epoch) or "")
@@ -233,6 +243,8 @@ class StatusPage(Element):
     about: About = attrs.field(kw_only=True)
     recent: Mapping[str, HostRecent] = attrs.field(kw_only=True)
     base: str = attrs.field(kw_only=True)
+    affinity: Mapping[str, RouteAffinity] = attrs.field(kw_only=True, factory=dict)
+    """Each ``cache_affinity`` route's turns over the recent window."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -305,10 +317,11 @@ class StatusPage(Element):
     def _route_cells(self, name: str, route: RouteConfig) -> dict[str, Flattenable]:
         model = route.default_model
         policy = route.policy + ("; try all when down" if route.when_all_down == "try_all" else "")
+        turns = self.affinity.get(name)
         return {
             "name": route.name,
             "base_url": f"{self.base}/{route.name}/v1",
-            "policy": policy,
+            "policy": policy if turns is None else [policy, tags.br(), _at_home(turns)],
             "members": _joined(" ", (self._member(host) for host in route.hosts)),
             "model": _muted("none (first healthy host)") if model is None else model,
             "goes_to": self._goes_to(self.choices.get(name), model),

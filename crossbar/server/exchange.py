@@ -10,13 +10,11 @@ as the client leaves so the GPU stops generating.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-import attrs
 from twisted.internet import error
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -24,54 +22,36 @@ from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
-from crossbar.config import Config, HostSettings, RouteConfig
+from crossbar.config import RouteConfig
 from crossbar.fleet import (
-    HealthTable,
     Outcome,
-    ProxyObserver,
-    Traffic,
+    Placement,
     choose_for_route,
     merged_listing,
+    place,
 )
+from crossbar.server.access import access_line
+from crossbar.server.context import ProxyContext
+from crossbar.server.conversation import conversation_key
 from crossbar.server.peek import peek_model, with_model
 from crossbar.server.rewrite import (
     BODYLESS,
     NOT_RETURNED,
     BadTarget,
     allowed_path,
-    host_keys,
     json_body,
     parse_target,
-    printable,
     trusted_proxy,
     upstream_headers,
 )
 from crossbar.server.site import release_body
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
-from crossbar.upstream import Discard, Response, Upstreams, describe, is_cancellation
+from crossbar.upstream import Discard, Response, describe, is_cancellation
+
+__all__ = ["Exchange", "ProxyContext"]
 
 log = Logger()
-
-
-@attrs.frozen
-class ProxyContext:
-    """Everything an exchange works with, built once by the composition root."""
-
-    config: Config
-    table: HealthTable
-    traffic: Traffic
-    upstreams: Upstreams
-    clock: IReactorTime
-    observer: ProxyObserver
-    settings: Mapping[str, HostSettings] = attrs.field(
-        init=False, default=attrs.Factory(lambda self: self.table.settings, takes_self=True)
-    )
-    """The table's per-host settings, read several times per request: kept at hand."""
-    host_keys: Mapping[str, bytes] = attrs.field(
-        init=False, default=attrs.Factory(lambda self: host_keys(self.config), takes_self=True)
-    )
-    """The ``Authorization`` line of each host that has an ``api_key``."""
 
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -94,6 +74,10 @@ class Exchange:
         self.asked: str | None = None
         """The model the request's body asks for (the route's default filled in), if it
         is a JSON object; a GET of /v1/models asks for none."""
+        self.conversation: bytes | None = None
+        """The conversation's key, on a ``cache_affinity`` route."""
+        self.placement: Placement | None = None
+        """Where ``cache_affinity`` placed the conversation, for the last host tried."""
         self.client_gone = False
         self.finished = False
         self.first_byte: float | None = None
@@ -154,6 +138,8 @@ class Exchange:
                 release_body(request, keep_reserved=True)  # the copy is the one kept
         if body or request.method not in BODYLESS:
             self._forward_body = body
+        if route.policy == "cache_affinity" and body and request.method == b"POST":
+            self.conversation = conversation_key(target.rest, body, self.model)
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
         client = getattr(request.getClientAddress(), "host", None) or "unknown"
         proxies = self.proxy.config.trusted_proxies
@@ -171,6 +157,15 @@ class Exchange:
         route = self.route
         assert route is not None
         traffic = self.proxy.traffic
+        if self.conversation is not None:
+            view, now = self.proxy.table.view, self.proxy.clock.seconds()
+            placed = place(
+                route, self.model, view, traffic.in_flight, traffic.conversations,
+                self.conversation, now, self.tried,
+            )  # fmt: skip
+            self.placement = placed
+            if placed is not None:
+                return placed.host
         host = choose_for_route(
             route,
             self.model,
@@ -370,30 +365,28 @@ class Exchange:
 
     def _ended(self, result: object) -> None:
         """The client's side is over: the answer was sent, or the client left."""
-        note = ""
-        if self._cut_off:
-            note = " (answer cut off)"
-        elif isinstance(result, Failure):
+        left = isinstance(result, Failure) and not self._cut_off
+        if left:
             self.client_gone = True
-            note = " (client left)"
             if self._pending is not None:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
         self._count(None)
-        if len(self.tried) > 1:
-            note += f" (tried {', '.join(self.tried)})"
         seconds = self.proxy.clock.seconds() - self.started
         answered = self.finished or self.request.startedWriting
         # A client that left before the end of its answer did not get it, whatever began.
         status = 499 if self.client_gone or not answered else self.request.code
         route = self.route.name if self.route is not None else "-"
         sent = self._body.sent if self._body is not None else 0
+        placed = self.placement
+        affinity = None if placed is None else placed.outcome
         self.proxy.observer.request_done(
-            Outcome(route, self.host, status, seconds, self.first_byte, sent, self.asked)
+            Outcome(route, self.host, status, seconds, self.first_byte, sent, self.asked, affinity)
         )
-        method = printable(self.request.method or b"-", 16)
-        path = printable(self.path, 200)
-        # Built here, logged as one field: the logger's own formatting costs more per line.
-        line = f"{route} {self.host or '-'} {method} {path} {status} {seconds * 1000:.0f}ms{note}"
+        moved_from = placed.home if placed is not None and placed.outcome == "moved" else None
+        line = access_line(
+            route, self.host, self.request.method, self.path, status, seconds,
+            cut_off=self._cut_off, client_left=left, tried=self.tried, moved_from=moved_from,
+        )  # fmt: skip
         log.info("{request}", request=line)

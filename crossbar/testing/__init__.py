@@ -18,14 +18,23 @@ from crossbar.testing.rig import (
     teardown,
     wait_state,
 )
-from crossbar.testing.simulator import BUILD_INFO, Fault, RecordedRequest, SimulatedHost
+from crossbar.testing.simulator import (
+    BUILD_INFO,
+    CacheState,
+    Fault,
+    Prefill,
+    RecordedRequest,
+    SimulatedHost,
+)
 from crossbar.testing.waiting import eventually, guard, turns
 
 __all__ = [
     "BUILD_INFO",
     "FAST",
+    "CacheState",
     "Fault",
     "LogCapture",
+    "Prefill",
     "Reader",
     "RecordedRequest",
     "Rig",

@@ -18,12 +18,19 @@ afresh without one.  A limit (``n_predict``, else ``max_completion_tokens``, els
 read in that order on every completion endpoint) only cuts it shorter, with ``"length"``;
 tests that count tokens fix the length with ``chunks``.  ``usage`` and ``timings`` count
 what was sent: ``completion_tokens`` and ``predicted_n`` are the content tokens,
-``predicted_ms`` their pace.  What it does not copy: the real router sometimes puts several
-SSE events into one HTTP chunk (the simulator writes one event per chunk), and its prompt
-token counts are not a tokenizer's.
+``predicted_ms`` their pace.
+
+Every model server keeps a prompt cache as llama-server does (``cache``): ``slots`` slots
+holding the last prompt and answer of each, a host-memory cache of ``cache_ram`` tokens, the
+same choice of slot; ``timings.cache_n`` counts the prompt tokens found there, ``prompt_n``
+the others, which take ``prefill_time`` each.  A request waits while every slot is busy.
+
+What it does not copy: the real router sometimes puts several SSE events into one HTTP chunk
+(the simulator writes one event per chunk), and its tokens are not a tokenizer's.
 """
 
+from crossbar.testing.simulator.cache import CacheState, Prefill
 from crossbar.testing.simulator.host import Fault, RecordedRequest, SimulatedHost
 from crossbar.testing.simulator.replies import BUILD_INFO
 
-__all__ = ["BUILD_INFO", "Fault", "RecordedRequest", "SimulatedHost"]
+__all__ = ["BUILD_INFO", "CacheState", "Fault", "Prefill", "RecordedRequest", "SimulatedHost"]

@@ -38,6 +38,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--load-time", type=float, default=2.0)
     parser.add_argument("--unload-time", type=float, default=0.1)
     parser.add_argument("--models-max", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=4, help="slots of a model (-np, default 4)")
+    parser.add_argument(
+        "--cache-ram", type=int, default=262_144, help="tokens of prompts kept in host memory"
+    )
+    parser.add_argument(
+        "--prefill-time", type=float, default=0.0, help="seconds a prompt token not cached"
+    )
     args = parser.parse_args(argv)
     specs = [(args.listen, args.models)]
     for extra in args.host:
@@ -56,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             load_time=args.load_time,
             unload_time=args.unload_time,
             models_max=args.models_max,
+            slots=args.slots,
+            cache_ram=args.cache_ram,
+            prefill_time=args.prefill_time,
         )
         host.listen(port, args.interface)
         mode = "single-model" if args.single else "router"

@@ -9,7 +9,6 @@ ran to the limit would keep them waiting for half an hour at a demo's pace.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import secrets
 from collections.abc import Iterator, Mapping
@@ -60,11 +59,6 @@ def _prompt(body: Mapping[str, Any]) -> Any:
     return body.get("messages", body.get("prompt", ""))
 
 
-def prompt_tokens(body: Mapping[str, Any]) -> int:
-    """A stand-in for a tokenizer: a token a word of the prompt's JSON, at least one."""
-    return max(1, len(json.dumps(_prompt(body)).split()))
-
-
 def natural_length(body: Mapping[str, Any], model: str) -> int:
     """How many tokens ``model`` says before it stops by itself, within :data:`NATURAL`.
 
@@ -110,29 +104,32 @@ class Reply:
         created: int,
         chunks: int | None,
         pace: float,
+        cache_n: int = 0,
+        prompt_n: int = 1,
+        prompt_ms: float = 1.0,
     ) -> Reply:
         """The answer to a request ``body``: ``chunks`` tokens (``None``: the model's natural
         length), cut to the request's limit if that is not more ("length" instead of
         "stop": the limit is reached before the end token is sampled).  Usage and timings
-        count as llama-server does, ``pace`` seconds a token and no prompt cache."""
+        count as llama-server does: ``pace`` seconds a token; of the prompt, ``cache_n``
+        tokens reused and ``prompt_n`` processed in ``prompt_ms``."""
         length = natural_length(body, model) if chunks is None else chunks
         limit = token_limit(body)
         n, finish = (limit, "length") if limit is not None and limit <= length else (length, "stop")
-        prompt = prompt_tokens(body)
+        prompt = cache_n + prompt_n
         usage = {
             "completion_tokens": n,
             "prompt_tokens": prompt,
             "total_tokens": n + prompt,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": cache_n},
         }
         ms = max(pace, 0.001) * 1000  # a token
-        prompt_ms = 1.0  # the whole prompt: the simulator does not wait for it
         timings = {
-            "cache_n": 0,
-            "prompt_n": prompt,
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt,
-            "prompt_per_second": 1000 / prompt_ms * prompt,
+            "prompt_per_token_ms": prompt_ms / prompt_n,
+            "prompt_per_second": 1000 / prompt_ms * prompt_n,
             "predicted_n": n,
             "predicted_ms": n * ms,
             # per token as paced even for no token, where llama-server divides by zero

@@ -18,7 +18,14 @@ from twisted.internet.task import deferLater
 from twisted.web.server import Request
 
 from crossbar.testing.simulator import serving
-from crossbar.testing.simulator.completions import Reply
+from crossbar.testing.simulator.cache import (
+    SIMILARITY,
+    CacheState,
+    Prefill,
+    prompt_tokens,
+    tokenize,
+)
+from crossbar.testing.simulator.completions import Reply, text
 from crossbar.testing.simulator.models import ModelTable
 from crossbar.testing.simulator.replies import (
     COMPLETIONS,
@@ -31,6 +38,10 @@ from crossbar.testing.simulator.replies import (
     router_props,
     single_models,
 )
+from crossbar.testing.simulator.slots import ModelSlots
+
+ANSWER_KEPT = 65_536
+"""Letters of an answer a slot keeps after the prompt: 16,384 of the simulator's tokens."""
 
 Fault = Literal["loading", "error", "hang", "reset", "close"] | None
 """What a host can be told to do wrong with every request from now on (``None``: nothing).
@@ -62,6 +73,12 @@ class SimulatedHost:
     (``chunk_interval`` from the next token).  An answer ends by itself after ``chunks``
     tokens, or with ``chunks=None`` after 8 to 60 as the seed and prompt decide (see
     ``completions.natural_length``); a request's token limit only cuts it shorter.
+
+    Each model server has ``slots`` slots and a host-memory cache of ``cache_ram`` tokens
+    (0: none) and reuses a prompt's cached prefix as llama-server does (see ``cache``); the
+    rest of the prompt takes ``prefill_time`` seconds a token before the answer starts (0 by
+    default: answered at once, as tests without sockets need), and a request waits while
+    every slot is busy.  ``prefills`` records what each completion found.
     """
 
     def __init__(
@@ -77,6 +94,10 @@ class SimulatedHost:
         reactor: Any = None,
         idle_timeout: float | None = 5.0,
         unload_time: float = 0.0,
+        slots: int = 4,
+        cache_ram: int = 262_144,
+        prefill_time: float = 0.0,
+        slot_similarity: float = SIMILARITY,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as _reactor
@@ -97,14 +118,20 @@ class SimulatedHost:
         self.error_status = 500
         self.reset_after = 2
         self.fail_loads: set[str] = set()
+        self.slots = slots  # -np; a new number starts every model's cache afresh
+        self.cache_ram = cache_ram  # tokens of prompts kept in host memory (--cache-ram)
+        self.prefill_time = prefill_time  # seconds a prompt token not found in the cache
+        self.slot_similarity = slot_similarity  # --slot-prompt-similarity
         # What happened, for tests to look at.
         self.requests: list[RecordedRequest] = []
         self.connections_closed = 0
         self.active_streams = 0
         self.chunks_sent = 0
+        self.prefills: list[Prefill] = []
         self.resource = serving.SimResource(self._record, self._handle)
         self._reactor: Any = reactor
         self._table = ModelTable(reactor, self, models)
+        self._slots = ModelSlots(self)
         self._port: IListeningPort | None = None
         self._port_number = 0
         self._interface = "127.0.0.1"
@@ -136,6 +163,11 @@ class SimulatedHost:
     def set_status(self, model_id: str, status: str) -> None:
         """Force a model's status (adding the model if new), as if changed behind our back."""
         self._table.set_status(model_id, status)
+
+    def cache(self, model_id: str | None = None) -> CacheState | None:
+        """What a model's server holds now (``None`` before its first completion)."""
+        cache = self._slots.cache(model_id or next(iter(self._table.models)))
+        return None if cache is None else cache.state
 
     def paths(self) -> list[str]:
         return [r.path for r in self.requests]
@@ -297,14 +329,40 @@ class SimulatedHost:
                 serving.close_after(request)
         else:
             name = name or next(iter(self._table.models))
-        created = int(self._reactor.seconds())
+        tokens = prompt_tokens(body, chat=chat)
+        server = self._table.models[name if self.router else self._single_model()]
+        cache, prefill = await self._slots.take(server.id, server.port, tokens)
+        self.prefills.append(prefill)
+        kept = tokens[: prefill.cache_n]  # what the slot holds if the client goes away
+        try:
+            answer = await self._answer(request, body, chat, name, prefill, reset_after)
+            if answer is not None:
+                kept = tokens + tokenize(answer)
+        finally:
+            self._slots.give_back(cache, prefill, kept)
+
+    async def _answer(
+        self,
+        request: Request,
+        body: dict[str, Any],
+        chat: bool,
+        name: str,
+        prefill: Prefill,
+        reset_after: int | None,
+    ) -> str | None:
+        """Process the prompt, then send the answer; its text once the whole of it is out."""
+        if prefill.prompt_n * self.prefill_time > 0:
+            await deferLater(self._reactor, prefill.prompt_n * self.prefill_time)
         reply = Reply.to(
             body,
             chat=chat,
             model=name,
-            created=created,
+            created=int(self._reactor.seconds()),
             chunks=self.chunks,
             pace=self.chunk_interval,
+            cache_n=prefill.cache_n,
+            prompt_n=prefill.prompt_n,
+            prompt_ms=prefill.prompt_n * max(self.prefill_time, 1e-6) * 1000,
         )
         if body.get("stream") is True:
             request.setHeader(b"content-type", b"text/event-stream")
@@ -316,7 +374,7 @@ class SimulatedHost:
             stream = serving.SSEStream(self, self._reactor, request, events, reset_after)
             stream.start()
             await stream.done
-            return
+            return self._kept(reply) if request.finished else None
         if self.chunk_interval > 0 and reply.tokens:
             await deferLater(self._reactor, self.chunk_interval * reply.tokens)
         if self.router:
@@ -324,3 +382,9 @@ class SimulatedHost:
             request.setHeader(b"x-accel-buffering", b"no")
         whole = dumps(reply.whole(self.chunk_size))
         serving.send(request, 200, whole, chunked=self.router)
+        return self._kept(reply)
+
+    def _kept(self, reply: Reply) -> str:
+        """What a slot keeps of an answer: its text, cut at ``ANSWER_KEPT`` letters (a real
+        slot's context ends somewhere, and a stress test's 64 MiB answer is not tokenized)."""
+        return text(0, min(reply.tokens * self.chunk_size, ANSWER_KEPT))

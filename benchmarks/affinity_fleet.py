@@ -1,0 +1,122 @@
+"""The processes of ``benchmarks/affinity.py``: real ``llama-server`` hosts and crossbar
+replicas in front of them, started fresh for each run and stopped after it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.support import REPO, Daemon, free_port, start_daemon
+
+MODEL = "tiny-bench"
+ROUTE = "bench"
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 600) -> tuple[dict[str, Any], str]:
+    """POST JSON, return the decoded answer and its ``X-Crossbar-Host`` header."""
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response), response.headers.get("X-Crossbar-Host", "")
+
+
+def get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return json.load(response)
+    except (OSError, ValueError):
+        return None
+
+
+def version(binary: Path) -> str:
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
+    return " ".join((done.stdout + done.stderr).split())
+
+
+def llama_server_binary(given: str | None) -> Path:
+    path = given or os.environ.get("CROSSBAR_LLAMA_SERVER")
+    if not path:
+        done = subprocess.run(
+            ["bash", str(REPO / "scripts" / "llama-server.sh")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"affinity.py: scripts/llama-server.sh failed:\n{done.stderr[-2000:]}")
+        path = done.stdout.strip().splitlines()[-1]
+    return Path(path)
+
+
+def start_host(args: argparse.Namespace, binary: Path, model: Path, workdir: Path) -> Daemon:
+    port = free_port()
+    argv = [
+        str(binary), "-m", str(model), "--alias", MODEL,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--override-kv", f"llama.context_length=int:{args.ctx}",
+        "-c", str(args.ctx), "-np", str(args.slots),
+        "-t", str(args.threads), "-tb", str(args.threads),
+    ]  # fmt: skip
+    host = Daemon.start(argv, port, workdir / f"host-{port}.log", cwd=workdir)
+    if not host.wait(lambda: get_json(f"{host.url}/health") == {"status": "ok"}, 60):
+        host.stop()
+        raise SystemExit(f"affinity.py: llama-server did not become healthy:\n{host.log()}")
+    return host
+
+
+def crossbar_yaml(policy: str, hosts: Sequence[Daemon], slots: int | None) -> str:
+    names = [f"gpu-{i + 1}" for i in range(len(hosts))]
+    lines = ["poll_interval: 250ms", "hosts:"]
+    for name, host in zip(names, hosts, strict=True):
+        lines += [f"  {name}:", f"    url: {host.url}"] + [f"    slots: {slots}"] * bool(slots)
+    lines += [
+        "routes:",
+        f"  {ROUTE}:",
+        f"    hosts: [{', '.join(names)}]",
+        f"    default_model: {MODEL}",
+        f"    policy: {policy}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fleet_ready(proxy: Daemon, count: int) -> bool:
+    """True once crossbar has seen every host healthy with the model loaded."""
+    status = get_json(f"{proxy.url}/_crossbar/status")
+    hosts = (status or {}).get("hosts", {})
+    return len(hosts) == count and all(
+        h["healthy"] and MODEL in h["loaded"] for h in hosts.values()
+    )
+
+
+@contextmanager
+def fleet(
+    args: argparse.Namespace, binary: Path, model: Path, policy: str, replicas: int
+) -> Iterator[tuple[list[Daemon], list[Daemon]]]:
+    """Fresh hosts and crossbar replicas for one run (in a new folder next to the model),
+    stopped afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="run-", dir=model.parent))
+    hosts: list[Daemon] = []
+    proxies: list[Daemon] = []
+    try:
+        hosts = [start_host(args, binary, model, workdir) for _ in range(args.hosts)]
+        slots = None if args.no_host_slots else args.slots
+        config = crossbar_yaml(policy.split(",")[0], hosts, slots)
+        for i in range(replicas):
+            folder = workdir / f"crossbar-{i + 1}"
+            folder.mkdir()
+            proxy = start_daemon(folder, config)
+            proxies.append(proxy)
+            if not proxy.wait(lambda p=proxy: fleet_ready(p, len(hosts)), 30):
+                raise SystemExit(f"affinity.py: crossbar never saw every host up:\n{proxy.log()}")
+        yield hosts, proxies
+    finally:
+        for daemon in proxies + hosts:
+            daemon.stop()

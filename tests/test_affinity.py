@@ -1,0 +1,450 @@
+"""cache_affinity: each conversation kept on the host that holds its prompt cache.
+
+The rules first (crossbar.fleet.affinity: rendezvous hashing, the load bound, slots, the
+bounded table), called directly; then crossbar in front of simulated hosts, in-process
+and as two ``twistd`` daemons that must agree without sharing anything.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import re
+import tracemalloc
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest_twisted
+
+from crossbar.config import Config, RouteConfig
+from crossbar.fleet.affinity import (
+    LIVE_SECONDS,
+    MAX_CONVERSATIONS,
+    Conversations,
+    Load,
+    rendezvous,
+)
+from crossbar.server.conversation import conversation_key
+from crossbar.testing import Reader, RigMaker, SimulatedHost, rigs, wait_state
+from tests.support import Daemon, free_port, start_daemon, start_simulator
+
+HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
+CHAT = "/lab/v1/chat/completions"
+
+
+def keys(count: int, seed: int = 1) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(16) for _ in range(count)]
+
+
+def body(first: str, turn: int = 1, model: str = "tiny-a") -> dict[str, Any]:
+    """Turn ``turn`` of the conversation that began with the user message ``first``."""
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": first},
+    ]
+    for n in range(1, turn):
+        messages += [
+            {"role": "assistant", "content": f"done {n}"},
+            {"role": "user", "content": f"next {n}"},
+        ]
+    return {"model": model, "messages": messages, "max_tokens": 4}
+
+
+def home_of(first: str, hosts: list[str]) -> str:
+    key = conversation_key(b"/v1/chat/completions", json.dumps(body(first)).encode(), "tiny-a")
+    assert key is not None
+    return rendezvous(key, hosts)[0]
+
+
+def homed(host: str, hosts: list[str], count: int, prefix: str = "task") -> list[str]:
+    """First user messages of ``count`` conversations whose home is ``host``."""
+    found = []
+    n = 0
+    while len(found) < count:
+        n += 1
+        if home_of(f"{prefix} {n}", hosts) == host:
+            found.append(f"{prefix} {n}")
+    return found
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+
+def test_every_replica_computes_the_same_home_whatever_the_host_order() -> None:
+    for key in keys(200):
+        assert rendezvous(key, HOSTS) == rendezvous(key, HOSTS[::-1])
+
+
+def test_losing_a_host_moves_only_its_own_conversations() -> None:
+    before = {key: rendezvous(key, HOSTS)[0] for key in keys(3000)}
+    after = {key: rendezvous(key, ["gpu-a", "gpu-c"])[0] for key in before}
+    moved = {key for key in before if before[key] != after[key]}
+    assert moved == {key for key, home in before.items() if home == "gpu-b"}
+    shares = Counter(before.values())
+    assert all(800 < shares[host] < 1200 for host in HOSTS), shares
+
+
+def test_adding_a_host_moves_conversations_only_to_it() -> None:
+    before = {key: rendezvous(key, HOSTS)[0] for key in keys(3000)}
+    after = {key: rendezvous(key, [*HOSTS, "gpu-d"])[0] for key in before}
+    moved = [key for key in before if before[key] != after[key]]
+    assert {after[key] for key in moved} == {"gpu-d"}
+    assert 600 < len(moved) < 900  # about a quarter
+
+
+def test_a_new_conversation_then_its_next_turns_at_home() -> None:
+    table = Conversations()
+    key = keys(1)[0]
+    home = rendezvous(key, HOSTS)[0]
+    first = table.place(key, HOSTS, {}, 1.5, now=0.0)
+    assert first is not None and (first.host, first.home, first.outcome) == (home, home, "new")
+    again = table.place(key, HOSTS, {}, 1.5, now=1.0)
+    assert again is not None and (again.host, again.outcome) == (home, "home")
+
+
+def test_the_load_bound_moves_a_conversation_off_a_host_4_busier_and_its_turns_follow() -> None:
+    table = Conversations()
+    group = ["gpu-a", "gpu-b"]
+    key = next(k for k in keys(50) if rendezvous(k, group)[0] == "gpu-a")
+    three = table.place(key, group, {"gpu-a": 3, "gpu-b": 0}, 1.5, now=0.0)
+    assert three is not None and three.host == "gpu-a"  # 3 busier: within the bound
+    placed = table.place(key, group, {"gpu-a": 4, "gpu-b": 0}, 1.5, now=1.0)
+    assert placed is not None and (placed.host, placed.home, placed.outcome) == (
+        "gpu-b",
+        "gpu-a",
+        "moved",
+    )
+    idle = table.place(key, group, {}, 1.5, now=2.0)  # its cache is on gpu-b now
+    assert idle is not None and (idle.host, idle.outcome) == ("gpu-b", "moved")
+    alone = table.place(key, ["gpu-a"], {}, 1.5, now=3.0)  # gpu-b gone: the hash again
+    assert alone is not None and (alone.host, alone.outcome) == ("gpu-a", "home")
+    back = table.place(key, group, {}, 1.5, now=4.0)
+    assert back is not None and (back.host, back.outcome) == ("gpu-a", "home")
+
+
+def test_the_load_bound_needs_both_a_share_above_the_average_and_2_more() -> None:
+    """The new request counts in the average: 2 hosts at 4 and 0 give 4 > 1.5 x 5/2."""
+    assert not Load(["a", "b"], {"a": 4, "b": 0}, 1.5).fits("a")
+    assert Load(["a", "b"], {"a": 3, "b": 0}, 1.5).fits("a")  # 3 is not above 1.5 x 4/2
+    assert not Load(["a", "b", "c"], {"a": 2}, 1.5).fits("a")  # 2 > 1.5 x 3/3, 2 more
+    assert Load(["a", "b", "c"], {"a": 2, "b": 1, "c": 1}, 1.0).fits("a")  # only 1 more
+    assert Load(["a", "b"], {"a": 4, "b": 0}, 3.0).fits("a")  # within a looser bound
+    assert Load(["a"], {"a": 50}, 1.5).fits("a")  # alone: never above its own average
+    many = Load(["a", "b"], {"a": 10, "b": 8}, 1.5)
+    assert many.fits("a") and many.fits("b")
+
+
+def test_a_retry_elsewhere_is_a_move_from_home() -> None:
+    table = Conversations()
+    key = keys(1)[0]
+    order = rendezvous(key, HOSTS)
+    retry = table.place(key, HOSTS, {}, 1.5, now=0.0, exclude=[order[0]])
+    assert retry is not None and (retry.host, retry.home, retry.outcome) == (
+        order[1],
+        order[0],
+        "moved",
+    )
+    assert table.place(key, HOSTS, {}, 1.5, now=0.0, exclude=HOSTS) is None
+
+
+def test_slots_send_a_new_conversation_past_a_full_home() -> None:
+    group = ["gpu-a", "gpu-b"]
+    table = Conversations(slots={"gpu-a": 2, "gpu-b": 2})
+    on_a = [k for k in keys(200) if rendezvous(k, group)[0] == "gpu-a"]
+    placed = [table.place(k, group, {}, 1.5, now=0.0) for k in on_a[:3]]
+    assert [(p.host, p.outcome) for p in placed if p] == [
+        ("gpu-a", "new"),
+        ("gpu-a", "new"),
+        ("gpu-b", "moved"),  # gpu-a holds 2 live conversations: its 2 slots
+    ]
+    assert table.live("gpu-a", 1.0) == 2 and table.live("gpu-b", 1.0) == 1
+    again = table.place(on_a[0], group, {}, 1.5, now=2.0)  # a live one stays
+    assert again is not None and (again.host, again.outcome) == ("gpu-a", "home")
+    for key in on_a[3:6]:  # the whole group full: home, as without slots
+        table.place(k := key, group, {}, 1.5, now=3.0)
+    assert table.host_of(k) == "gpu-a"
+    later = LIVE_SECONDS + 20.0  # every conversation quiet for 5 minutes: room again
+    assert table.live("gpu-a", later) == 0
+    fresh = table.place(on_a[10], group, {}, 1.5, now=later)
+    assert fresh is not None and (fresh.host, fresh.outcome) == ("gpu-a", "new")
+
+
+def test_the_table_drops_the_least_recently_seen_first() -> None:
+    table = Conversations(capacity=3)
+    one, two, three, four = keys(4)
+    for n, key in enumerate([one, two, three]):
+        table.place(key, HOSTS, {}, 1.5, now=float(n))
+    table.place(one, HOSTS, {}, 1.5, now=5.0)  # seen again: now the most recent
+    table.place(four, HOSTS, {}, 1.5, now=6.0)
+    assert len(table) == 3
+    assert table.host_of(two) is None
+    assert None not in {table.host_of(k) for k in (one, three, four)}
+
+
+def test_memory_stays_bounded_under_100000_distinct_conversations() -> None:
+    """More than the cap of distinct conversations, through 3 hosts with slots: the table
+    keeps the cap of entries, and its memory (each entry a fixed size) stays small."""
+    table = Conversations(slots={host: 4 for host in HOSTS})
+    rng = random.Random(3)
+    tracemalloc.start()
+    try:
+        for n in range(MAX_CONVERSATIONS + 20_000):
+            table.place(rng.randbytes(16), HOSTS, {}, 1.5, now=n / 1000)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(table) == MAX_CONVERSATIONS
+    assert held < 24 * 1024 * 1024, f"{held / 1024 / 1024:.1f} MiB"
+    # Live counts follow the conversations dropped: never more than the table holds.
+    assert sum(table.live(host, 200.0) for host in HOSTS) <= MAX_CONVERSATIONS
+
+
+# -- through crossbar --------------------------------------------------------------------------
+
+
+@pytest_twisted.async_yield_fixture
+async def make() -> AsyncIterator[RigMaker]:
+    async with rigs() as maker:
+        yield maker
+
+
+def affinity_route(**changes: Any) -> dict[str, RouteConfig]:
+    return {"lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "tiny-a", "cache_affinity", **changes)}
+
+
+def hosts(**kwargs: Any) -> dict[str, SimulatedHost]:
+    return {
+        name: SimulatedHost({"tiny-a": "loaded"}, chunks=3, **kwargs) for name in ("gpu-a", "gpu-b")
+    }
+
+
+def host_header(response: Any) -> str:
+    return str(response.headers.getRawHeaders(b"x-crossbar-host")[0].decode())
+
+
+@pytest_twisted.ensureDeferred
+async def test_turns_stay_on_one_host_and_conversations_spread(make: RigMaker) -> None:
+    rig = await make(hosts(), routes=affinity_route())
+    seen: dict[str, set[str]] = defaultdict(set)
+    for turn in (1, 2, 3):
+        for n in range(8):
+            response, _ = await rig.post(CHAT, body(f"agent {n}", turn))
+            assert response.code == 200
+            seen[f"agent {n}"].add(host_header(response))
+    assert all(len(where) == 1 for where in seen.values()), seen
+    per_host = Counter(next(iter(where)) for where in seen.values())
+    assert set(per_host) == {"gpu-a", "gpu-b"}, per_host
+    for first, where in seen.items():
+        assert where == {home_of(first, ["gpu-a", "gpu-b"])}
+
+    response, text = await rig.get("/_crossbar/metrics")
+    metrics = text.decode()
+    for host, count in per_host.items():
+        assert (
+            f'crossbar_affinity_total{{host="{host}",outcome="new",route="lab"}} {count}.0'
+            in metrics
+        )
+        assert (
+            f'crossbar_affinity_total{{host="{host}",outcome="home",route="lab"}} {2 * count}.0'
+            in metrics
+        )
+    assert 'outcome="moved"' not in metrics
+    response, text = await rig.get("/_crossbar/status")
+    share = json.loads(text)["routes"]["lab"]["affinity"]
+    assert (share["turns"], share["home"], share["moved"], share["home_share"]) == (24, 24, 0, 1.0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_without_a_conversation_still_works(make: RigMaker) -> None:
+    """No messages, no prompt, no JSON: the least busy host answers (its own error for a
+    body it cannot read), and nothing is counted as a conversation."""
+    rig = await make(hosts(), routes=affinity_route())
+    for path, data in [
+        ("/lab/v1/completions", {"model": "tiny-a", "max_tokens": 2}),
+        (CHAT, {"model": "tiny-a", "messages": [], "max_tokens": 2}),
+        ("/lab/v1/embeddings", {"model": "tiny-a", "input": "hi"}),
+        (CHAT, b"{not json"),
+    ]:
+        response, _ = await rig.post(path, data)
+        assert host_header(response) in ("gpu-a", "gpu-b")
+        assert response.code < 500 or data == b"{not json"  # the host's own answer
+    response, listing = await rig.get("/lab/v1/models")
+    assert response.code == 200 and b"tiny-a" in listing
+    _, text = await rig.get("/_crossbar/metrics")
+    assert "crossbar_affinity_total{" not in text.decode()
+    _, text = await rig.get("/_crossbar/status")
+    assert json.loads(text)["routes"]["lab"]["affinity"]["home_share"] is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_going_down_moves_only_its_own_conversations(make: RigMaker) -> None:
+    rig = await make(hosts(), routes=affinity_route())
+    firsts = [f"agent {n}" for n in range(8)]
+    before = {}
+    for first in firsts:
+        response, _ = await rig.post(CHAT, body(first))
+        before[first] = host_header(response)
+    await rig.sims["gpu-b"].stop()
+    rig.crossbar.table.request_failed("gpu-b", "test: stopped")
+    await wait_state(rig, "gpu-b", healthy=False)
+    for first in firsts:
+        response, _ = await rig.post(CHAT, body(first, 2))
+        assert response.code == 200 and host_header(response) == "gpu-a"
+    # gpu-b is back: the conversations that went on without it stay where their cache is
+    # now, the others never moved.
+    rig.sims["gpu-b"] = SimulatedHost({"tiny-a": "loaded"}, chunks=3)
+    await rig.sims["gpu-b"].listen(_port(rig, "gpu-b"), "127.0.0.1")
+    await rig.crossbar.poller.poll_now("gpu-b")
+    await rig.crossbar.poller.poll_now("gpu-b")
+    await wait_state(rig, "gpu-b", healthy=True)
+    after = {}
+    for first in firsts:
+        response, _ = await rig.post(CHAT, body(first, 3))
+        after[first] = host_header(response)
+    assert after == dict.fromkeys(firsts, "gpu-a")
+    moved = rig.logs.matching("lab gpu-a POST", "(moved from gpu-b)")
+    assert len(moved) == sum(1 for host in before.values() if host == "gpu-b") > 0
+    assert set(before.values()) == {"gpu-a", "gpu-b"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_load_bound_moves_a_conversation_and_its_later_turns_follow(
+    make: RigMaker,
+) -> None:
+    """Four streams held open on gpu-a; a new conversation whose home is gpu-a goes to
+    gpu-b, is logged as moved, and stays on gpu-b once gpu-a is idle again."""
+    rig = await make(hosts(chunk_interval=0.5), routes=affinity_route())
+    group = ["gpu-a", "gpu-b"]
+    busy = homed("gpu-a", group, 4, prefix="busy")
+    readers: list[Reader] = []
+    for first in busy:
+        response, reader = await rig.stream(CHAT, {**body(first), "stream": True, "max_tokens": 20})
+        assert host_header(response) == "gpu-a"
+        readers.append(reader)
+    assert rig.crossbar.traffic.in_flight == {"gpu-a": 4, "gpu-b": 0}
+    mover = homed("gpu-a", group, 1, prefix="mover")[0]
+    rig.sims["gpu-a"].chunk_interval = rig.sims["gpu-b"].chunk_interval = 0.0
+    response, _ = await rig.post(CHAT, body(mover))
+    assert host_header(response) == "gpu-b"
+    for reader in readers:
+        reader.hang_up()
+        await reader.end()
+    await _idle(rig)
+    for turn in (2, 3):
+        response, _ = await rig.post(CHAT, body(mover, turn))
+        assert host_header(response) == "gpu-b"
+    moved = rig.logs.matching("lab gpu-b POST /v1/chat/completions 200", "(moved from gpu-a)")
+    assert len(moved) == 3
+    _, text = await rig.get("/_crossbar/metrics")
+    assert 'crossbar_affinity_total{host="gpu-b",outcome="moved",route="lab"} 3.0' in text.decode()
+    _, page = await rig.get("/_crossbar/")
+    assert re.search(r"\d+% of 7 turns at their home host", page.decode())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_whose_slots_are_taken_sends_a_new_conversation_on(make: RigMaker) -> None:
+    """``slots: 1`` on each host: a second live conversation whose home is gpu-a goes to
+    gpu-b, where a slot is free; the first keeps gpu-a."""
+
+    def one_slot(config: Config) -> Config:
+        hosts = {name: attrs.evolve(host, slots=1) for name, host in config.hosts.items()}
+        return attrs.evolve(config, hosts=hosts)
+
+    rig = await make(hosts(), routes=affinity_route(), adjust=one_slot)
+    first, second = homed("gpu-a", ["gpu-a", "gpu-b"], 2, prefix="slot")
+    where = []
+    for data in (body(first), body(second), body(first, 2), body(second, 2)):
+        response, _ = await rig.post(CHAT, data)
+        where.append(host_header(response))
+    assert where == ["gpu-a", "gpu-b", "gpu-a", "gpu-b"]
+    assert len(rig.logs.matching("lab gpu-b POST", "(moved from gpu-a)")) == 2
+
+
+def _port(rig: Any, name: str) -> int:
+    return int(rig.crossbar.config.hosts[name].url.rsplit(":", 1)[1])
+
+
+async def _idle(rig: Any) -> None:
+    from crossbar.testing import eventually
+
+    traffic = rig.crossbar.traffic
+    await eventually(lambda: not any(traffic.in_flight.values()), 3.0, "no request in flight")
+
+
+# -- two crossbar processes --------------------------------------------------------------------
+
+
+TWO_REPLICAS = """\
+poll_interval: 1s
+hosts:
+  gpu-a: http://127.0.0.1:{a}
+  gpu-b: http://127.0.0.1:{b}
+routes:
+  lab:
+    hosts: [gpu-a, gpu-b]
+    default_model: tiny-a
+    policy: cache_affinity
+"""
+
+
+def ask(port: int, data: dict[str, Any]) -> str:
+    """One chat completion through the crossbar on ``port``; the host that answered."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", CHAT, json.dumps(data), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200
+        return str(response.getheader("x-crossbar-host"))
+    finally:
+        conn.close()
+
+
+def ready(port: int) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/_crossbar/readyz")
+        response = conn.getresponse()
+        response.read()
+        return response.status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def test_two_crossbar_processes_agree_on_every_conversations_host(tmp_path: Path) -> None:
+    """Each conversation's turns alternate between two replicas with the same config:
+    every turn lands on the same host, with nothing shared between the replicas."""
+    second = free_port()
+    options = ["--models", "tiny-a=loaded", "--chunks", "2", "--chunk-interval", "0"]
+    sim = start_simulator(
+        tmp_path, *options, "--load-time", "0", "--host", f"{second}:tiny-a=loaded"
+    )
+    daemons: list[Daemon] = []
+    try:
+        config = TWO_REPLICAS.format(a=sim.port, b=second)
+        for n in range(2):
+            where = tmp_path / f"crossbar-{n}"
+            where.mkdir()
+            daemons.append(start_daemon(where, config))
+        for daemon in daemons:
+            assert daemon.wait(lambda d=daemon: ready(d.port), 10), daemon.log()
+        seen: dict[int, set[str]] = defaultdict(set)
+        for turn in range(1, 5):
+            for n in range(8):
+                replica = daemons[(n + turn) % 2]
+                seen[n].add(ask(replica.port, body(f"agent {n}", turn)))
+        assert all(len(where) == 1 for where in seen.values()), seen
+        assert {host for where in seen.values() for host in where} == {"gpu-a", "gpu-b"}
+        for daemon in daemons:
+            assert "moved from" not in daemon.output()
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        sim.stop()
