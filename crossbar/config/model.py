@@ -135,6 +135,8 @@ class Config:
     status_listen: str | None = None
     """An endpoint of its own for the status pages; the main port then serves only
     ``livez`` and ``readyz`` under ``/_crossbar/``."""
+    drain_timeout: float = 30.0
+    """Seconds a stopping crossbar lets requests in flight finish before closing them."""
     trusted_proxies: tuple[Network, ...] = ()
     """Peers whose ``X-Forwarded-For`` is extended; anyone else's is replaced."""
     settings: Mapping[str, HostSettings] = attrs.field(
