@@ -26,10 +26,15 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
         sim = SimulatedHost(models, chunk_interval=0.05, load_time=2.0, reactor=reactor)
         sim.listen(0, "127.0.0.1")
         sims[name] = sim
-    config = Config(
+    return fleet_config(listen, {name: sim.url for name, sim in sims.items()}), list(sims.values())
+
+
+def fleet_config(listen: str, urls: dict[str, str]) -> Config:
+    """The demo's config for hosts at ``urls`` (``--check --demo`` starts none)."""
+    return Config(
         listen=listen,
         defaults=HostSettings(poll_interval=2.0),
-        hosts={name: HostConfig(name, sim.url) for name, sim in sims.items()},
+        hosts={name: HostConfig(name, url) for name, url in urls.items()},
         routes={
             "opencode": RouteConfig(
                 "opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b", list_models="merged"
@@ -40,4 +45,3 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
         },
         source=DEMO_SOURCE,
     )
-    return config, list(sims.values())

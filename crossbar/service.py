@@ -13,14 +13,16 @@ from typing import Any
 
 from treq.client import HTTPClient
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, gatherResults
 from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 
 from crossbar import __version__
+from crossbar._twisted import handling_request
 from crossbar.config import DEMO_SOURCE, LISTEN_BACKLOG, Config, tcp_address
 from crossbar.fleet import HealthTable, HostState, Observers, Traffic
 from crossbar.fleet.poller import Poller
@@ -29,6 +31,7 @@ from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
 from crossbar.server.context import ProxyContext
+from crossbar.server.door import Guard, RawHeaders, Refusal
 from crossbar.server.keys import KeyGuard, Pages
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import ProxyResource, RootResource
@@ -42,6 +45,9 @@ CLIENT_IDLE_TIMEOUT = 75.0
 """Seconds an idle client connection is kept open."""
 MAX_IDLE_PER_HOST = 64
 """Idle upstream connections kept per host for the proxy."""
+DRAIN_CHECK = 0.1
+"""Seconds between two looks at the requests still in flight while crossbar stops."""
+SHUTTING_DOWN = Refusal(503, "shutting down", ((b"Retry-After", b"1"),), close=True)
 
 
 def log_transition(old: HostState, new: HostState) -> None:
@@ -143,20 +149,24 @@ class Crossbar(MultiService):
             private.setServiceParent(self)
             private.listening.addCallback(publish_port, worker.port_file(worker.index))
         self.status_listener: Listener | None = None
+        self._reactor = reactor
+        self._sites = [self.site]
         if config.status_listen is not None:
             # Started before the main port, so that the announcement knows both.
+            pages_site = Site(
+                self.status.own_root(),
+                internal=True,  # announced with the routes, not as a second crossbar
+                guard=_guard(config, "only"),
+                limits=config.limits,
+                timeout=CLIENT_IDLE_TIMEOUT,
+                parsePOSTFormSubmission=False,
+            )
+            self._sites.append(pages_site)
             self.status_listener = Listener(
                 serverFromString(reactor, config.status_listen)
                 if worker is None
                 else ReusePortEndpoint(reactor, config.status_listen),
-                Site(
-                    self.status.own_root(),
-                    internal=True,  # announced with the routes, not as a second crossbar
-                    guard=_guard(config, "only"),
-                    limits=config.limits,
-                    timeout=CLIENT_IDLE_TIMEOUT,
-                    parsePOSTFormSubmission=False,
-                ),
+                pages_site,
                 name=shown_listen(config.status_listen),
             )
             self.status_listener.setServiceParent(self)
@@ -164,6 +174,77 @@ class Crossbar(MultiService):
         self.listener.setServiceParent(self)
         if worker is None or worker.index == 0:
             self.listener.listening.addCallback(self._announce)
+
+    def stopService(self) -> Deferred[Any]:
+        """Drain, then stop the poller, the pools and the listeners."""
+
+        async def stop() -> None:
+            await self.drain()
+            await MultiService.stopService(self)
+
+        return Deferred.fromCoroutine(stop())
+
+    async def drain(self) -> None:
+        """Stop taking requests and let those in flight finish, for up to ``drain_timeout``.
+
+        The ports close at once and readyz says 503, so a balancer sends elsewhere. A
+        connection is closed as soon as it is between requests (an idle kept-alive one at
+        once, a busy one after its answer): its client reconnects to another crossbar
+        rather than finding this one gone mid-request. A request whose head still comes
+        in on an open connection is answered 503. Past the timeout, the connections left
+        are cut, which cancels their requests on the hosts.
+        """
+        if self.status.draining:
+            return
+        self.status.draining = True
+        for site in self._sites:
+            site.guard = _shutting_down(site.guard)
+        closing = [d for d in (self.listener.close(), self._status_close()) if d is not None]
+        timeout = self.config.drain_timeout
+        waiting = busy = self._close_idle()
+        if busy:
+            log.info(
+                "stopping: waiting up to {timeout}s for {count}",
+                timeout=f"{timeout:g}",
+                count=_requests(busy, "in flight"),
+            )
+        else:
+            log.info("stopping: no request in flight")
+        deadline = self._reactor.seconds() + timeout
+        while busy and self._reactor.seconds() < deadline:
+            await deferLater(self._reactor, min(DRAIN_CHECK, timeout), lambda: None)
+            busy = self._close_idle()
+        cut = 0
+        for site in self._sites:
+            for channel in list(site.channels):
+                if handling_request(channel):  # the idle ones are closing already
+                    cut += 1
+                    transport: Any = channel.transport
+                    transport.abortConnection()
+        if waiting:
+            finished = max(waiting - cut, 0)
+            words = [_requests(finished, "finished")] if finished or not cut else []
+            if cut:
+                words.append(f"{_requests(cut, 'cut off')} after {timeout:g}s")
+            log.info("stopped: {outcome}", outcome=", ".join(words))
+        await gatherResults(closing)
+
+    def _status_close(self) -> Deferred[None] | None:
+        return None if self.status_listener is None else self.status_listener.close()
+
+    def _close_idle(self) -> int:
+        """Close the client connections that are between requests; count the others,
+        whose answers end their connection."""
+        busy = 0
+        for site in self._sites:
+            for channel in list(site.channels):
+                if handling_request(channel):
+                    channel.persistent = False
+                    busy += 1
+                else:
+                    transport: Any = channel.transport
+                    transport.loseConnection()
+        return busy
 
     def _announce(self, port: IListeningPort) -> None:
         """Say what this crossbar serves, with the base URLs to paste into an agent."""
@@ -178,6 +259,22 @@ class Crossbar(MultiService):
         return Deferred.fromCoroutine(
             gather_metrics(worker, own, self._client, keys[0] if keys else None)
         )
+
+
+def _shutting_down(guard: Guard | None) -> Guard:
+    """``guard`` for the pages (readyz says the drain); 503 for anything else."""
+
+    def check(path: bytes, headers: RawHeaders) -> Refusal | None:
+        if not path.startswith(b"/_crossbar/"):
+            return SHUTTING_DOWN
+        return None if guard is None else guard(path, headers)
+
+    return check
+
+
+def _requests(count: int, what: str) -> str:
+    """``1 request finished``, ``3 requests in flight``."""
+    return f"{count} request{'' if count == 1 else 's'} {what}"
 
 
 def _guard(config: Config, pages: Pages) -> KeyGuard | None:

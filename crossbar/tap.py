@@ -14,12 +14,12 @@ from twisted.python import usage
 from twisted.python.components import Componentized
 
 from crossbar._twisted import twistd_log_observer
-from crossbar.config import Config, ConfigError, load_config, parse_listen
+from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
 from crossbar.server.listening import CannotListen, not_an_internal_start
 
 
 class Options(usage.Options):
-    synopsis = "[--config crossbar.yaml | --demo [--listen 7777]]"
+    synopsis = "[--config crossbar.yaml | --demo [--listen 7777]] [--check]"
     longdesc = "Route OpenAI-style requests to a fleet of llama-server hosts, model-aware."
     optParameters = [
         ["config", "c", "crossbar.yaml", "Path to the configuration file."],
@@ -31,7 +31,15 @@ class Options(usage.Options):
             "(7777 with --demo).",
         ],
     ]
-    optFlags = [["demo", None, "Run in front of a simulated fleet on loopback (no GPU needed)."]]
+    optFlags = [
+        ["demo", None, "Run in front of a simulated fleet on loopback (no GPU needed)."],
+        [
+            "check",
+            None,
+            "Check the config, print it with every default filled in and keys masked, and "
+            "exit without starting: 0, or 2 with the error.",
+        ],
+    ]
 
 
 def makeService(options: Options) -> IService:
@@ -41,7 +49,13 @@ def makeService(options: Options) -> IService:
 
     try:
         listen = _listen(options["listen"])
-        if options["demo"]:
+        if options["demo"] and options["check"]:
+            from crossbar.demo import FLEET, fleet_config
+
+            # The simulated hosts listen on ports chosen at start: none is started here.
+            urls = {name: "http://127.0.0.1" for name in FLEET}
+            config = fleet_config(listen or parse_listen(7777), urls)
+        elif options["demo"]:
             from crossbar.demo import demo_config
 
             config, _ = demo_config(reactor, listen or parse_listen(7777))
@@ -55,6 +69,8 @@ def makeService(options: Options) -> IService:
                 config = attrs.evolve(config, listen=listen)
     except ConfigError as e:
         _fail(str(e), 2)  # one line naming file, key and problem; never a traceback
+    if options["check"]:
+        _show(config)
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
     log = _log_observer(options)
     if config.workers == 1:
@@ -76,6 +92,13 @@ def _listen(value: str | None) -> str | None:
         return None if value is None else parse_listen(value)
     except ValueError as e:
         raise ConfigError("--listen", "", str(e)) from None
+
+
+def _show(config: Config) -> NoReturn:
+    """``--check``: the effective config on the terminal's stdout, before twistd logs,
+    writes a pid file or runs the reactor; then exit 0."""
+    print(to_yaml(config), end="", file=sys.__stdout__ or sys.stdout, flush=True)
+    raise SystemExit(0)
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -125,7 +148,7 @@ def _with_workers(config: Config, path: str, reactor: Any) -> tuple[IService, IS
     reactor.addSystemEventTrigger("after", "shutdown", shutil.rmtree, run_dir, True)
     info = WorkerInfo(0, config.workers, run_dir)
     return Crossbar(config, reactor, worker=info), WorkerProcesses(
-        reactor, str(Path(path).resolve()), info
+        reactor, str(Path(path).resolve()), info, config.drain_timeout
     )
 
 

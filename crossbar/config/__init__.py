@@ -16,6 +16,7 @@ from crossbar.config.model import (
     WhenAllDown,
 )
 from crossbar.config.secrets import Secret, mask_url, matches
+from crossbar.config.show import effective, to_yaml
 
 __all__ = [
     "DEMO_SOURCE",
@@ -32,6 +33,7 @@ __all__ = [
     "RouteConfig",
     "Secret",
     "WhenAllDown",
+    "effective",
     "load_config",
     "mask_url",
     "matches",
@@ -39,4 +41,5 @@ __all__ = [
     "parse_duration",
     "parse_listen",
     "tcp_address",
+    "to_yaml",
 ]

@@ -65,6 +65,8 @@ class StatusApp:
         """With several workers: every worker's metrics, labelled by worker."""
         self.recent = recent
         self.about = About(__version__, clock.seconds(), config.source, worker)
+        self.draining = False
+        """Crossbar is stopping: readyz says 503 so that a balancer sends elsewhere."""
         """Built with the service, so ``started`` is when this crossbar started."""
 
     def resource(self) -> IResource:
@@ -181,6 +183,9 @@ class StatusApp:
     @app.route("/readyz", methods=["GET"])
     def readyz(self, request: IRequest) -> bytes:
         down = routes_down(self.config.routes, self.table.snapshot())
+        if self.draining:
+            request.setResponseCode(503)
+            return _json(request, {"ready": False, "draining": True, "routes_down": down})
         if down:
             request.setResponseCode(503)
         return _json(request, {"ready": not down, "routes_down": down})

@@ -88,8 +88,10 @@ class _FleetCollector:
 class ClientConnections(Protocol):
     """What a listening site counts of its client connections (crossbar.server's Site)."""
 
-    open_connections: int
     refused_connections: int
+
+    @property
+    def open_connections(self) -> int: ...
 
     @property
     def refused_requests(self) -> Mapping[tuple[int, str], int]: ...

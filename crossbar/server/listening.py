@@ -77,6 +77,10 @@ class Listener(Service):
 
     def stopService(self) -> Deferred[Any] | None:
         super().stopService()
+        return self.close()
+
+    def close(self) -> Deferred[None] | None:
+        """Stop accepting connections (those open stay); idempotent."""
         port, self.port = self.port, None
         return port.stopListening() if port is not None else None
 

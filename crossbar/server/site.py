@@ -183,7 +183,6 @@ class Channel(ParserRefusals):
     _linger: IDelayedCall | None = None
     _in_body = False
     _refused = False
-    _counted = False
     _host: Any = None
     _direct: Any = None
 
@@ -274,9 +273,7 @@ class Channel(ParserRefusals):
         self._stop_deadline()
         stop(self._body_timer)
         stop(self._linger)
-        if self._counted:
-            self._counted = False
-            self.site.open_connections -= 1
+        self.site.channels.discard(self)
         super().connectionLost(reason)
 
     def _stop_deadline(self) -> None:
@@ -338,8 +335,8 @@ class Site(server.Site):
         self.proxy = proxy
         self.limits = limits
         self.guard = guard
-        self.open_connections = 0
-        """Client connections open now."""
+        self.channels: set[Channel] = set()
+        """The client connections open now (closed one by one when crossbar stops)."""
         self.refused_connections = 0
         """Client connections closed at once since start, ``max_connections`` being open."""
         self.refused_requests: Counter[tuple[int, str]] = Counter()
@@ -350,6 +347,11 @@ class Site(server.Site):
         self._unlogged = 0
         self._log_call: IDelayedCall | None = None
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now."""
+        return len(self.channels)
+
     def logPrefix(self) -> str:
         return self._prefix
 
@@ -357,15 +359,14 @@ class Site(server.Site):
         pass
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
-        if self.open_connections >= self.limits.max_connections:
+        if len(self.channels) >= self.limits.max_connections:
             self.refused_connections += 1
             self._unlogged += 1
             if self._log_call is None:
                 self._log_refusals()
             return _Closed()
         channel = super().buildProtocol(addr)
-        channel._counted = True
-        self.open_connections += 1
+        self.channels.add(channel)
         return channel
 
     def hold(self, size: int) -> Refusal | None:

@@ -15,6 +15,7 @@ every child has exited.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -49,8 +50,11 @@ MIN_RESTART_DELAY = 1
 MAX_RESTART_DELAY = 60
 """A worker that dies sooner waits 1, 2, 4, ... up to 60 s before its next start, so
 a worker that cannot start costs a start and a log line a minute, not every second."""
-STOP_GRACE = 10
-"""Seconds between SIGTERM and SIGKILL on stop: time to finish the open streams."""
+STOP_MARGIN = 5
+"""Seconds past a worker's ``drain_timeout`` before SIGKILL on stop: a worker drains for
+up to ``drain_timeout`` after SIGTERM, then closes its pools and exits."""
+STOP_GRACE = 30 + STOP_MARGIN
+"""Seconds between SIGTERM and SIGKILL with the default ``drain_timeout`` (30 s)."""
 LINE_LIMIT = 8192
 """Longer output lines are cut in pieces: ProcessMonitor's line reader (16 KiB at most)
 would otherwise fail and close the child's stdout."""
@@ -63,10 +67,17 @@ class WorkerProcesses(Service):
     twistd does not exit (and remove the run directory) under a running worker.
     """
 
-    def __init__(self, reactor: Any, config_path: str, info: WorkerInfo) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        config_path: str,
+        info: WorkerInfo,
+        drain_timeout: float = STOP_GRACE - STOP_MARGIN,
+    ) -> None:
         self._reactor = reactor
         self._spawner = _Spawner(reactor, self._ended)
         self.monitor = _Monitor(self._spawner)
+        self.monitor.killTime = math.ceil(drain_timeout) + STOP_MARGIN
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for index in range(1, info.count):
             self.monitor.addProcess(
@@ -147,7 +158,6 @@ class _Monitor(ProcessMonitor):
     """ProcessMonitor with crossbar's timings (see the constants above)."""
 
     threshold = THRESHOLD
-    killTime = STOP_GRACE
     minRestartDelay = MIN_RESTART_DELAY
     maxRestartDelay = MAX_RESTART_DELAY
 

@@ -1,0 +1,89 @@
+"""The effective config: what crossbar runs with, every default filled in, keys masked.
+
+``twistd crossbar --check`` prints it so that an admin sees what a file really means
+(a host's settings after the top-level ones, a route's keys after the top-level list,
+the backlog crossbar adds to ``listen``) before a start or a reload. The YAML it writes
+loads again to an equal config, keys aside: a masked key holds a space, so it can never
+be taken for a real one by pasting the output back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import yaml
+
+from crossbar.config.model import Config, HostConfig, HostSettings, Limits, RouteConfig
+from crossbar.config.secrets import MASK, Secret
+
+_HEADER = """\
+# The effective config of {source}: every default filled in, keys masked.
+# Durations in seconds, sizes in bytes; a route's api_keys are its own or the top-level list.
+"""
+
+
+def effective(config: Config) -> dict[str, Any]:
+    """Plain data in crossbar.yaml's shape: every key, every default, no key's value."""
+    return {
+        "listen": config.listen,
+        "workers": config.workers,
+        "status_listen": config.status_listen,
+        "status_keys": [_masked(key) for key in config.status_keys],
+        "trusted_proxies": [str(network) for network in config.trusted_proxies],
+        "drain_timeout": config.drain_timeout,
+        **_limits(config.limits),
+        **_settings(config.defaults),
+        "hosts": {name: _host(host, config.settings[name]) for name, host in config.hosts.items()},
+        "routes": {name: _route(route) for name, route in config.routes.items()},
+    }
+
+
+def to_yaml(config: Config) -> str:
+    """:func:`effective` as YAML that ``load_config`` accepts, under a comment naming it."""
+    body = yaml.safe_dump(
+        effective(config), sort_keys=False, default_flow_style=None, allow_unicode=True
+    )
+    return _HEADER.format(source=config.source) + body
+
+
+def _masked(key: Secret) -> str:
+    """``literal (****)`` or ``${NAME} (****)``: where a key came from, never what it is."""
+    return f"{key.source} ({MASK})"
+
+
+def _limits(limits: Limits) -> dict[str, Any]:
+    return attrs.asdict(limits)
+
+
+def _settings(settings: HostSettings) -> dict[str, Any]:
+    values = attrs.asdict(settings)
+    values["unhealthy_status"] = sorted(settings.unhealthy_status)
+    return values
+
+
+def _host(host: HostConfig, settings: HostSettings) -> dict[str, Any]:
+    shown: dict[str, Any] = {"url": host.url}
+    if host.api_key is not None:
+        shown["api_key"] = _masked(host.api_key)
+    if host.tls_ca_path is not None:
+        shown["tls_ca"] = host.tls_ca_path
+    if host.slots is not None:
+        shown["slots"] = host.slots
+    return shown | _settings(settings)
+
+
+def _route(route: RouteConfig) -> dict[str, Any]:
+    shown: dict[str, Any] = {
+        "hosts": list(route.hosts),
+        "default_model": route.default_model,
+        "policy": route.policy,
+    }
+    if route.policy == "cache_affinity":
+        # Refused by the loader under any other policy.
+        shown["affinity_max_load"] = route.affinity_max_load
+    return shown | {
+        "when_all_down": route.when_all_down,
+        "list_models": route.list_models,
+        "api_keys": [_masked(key) for key in route.api_keys],
+    }

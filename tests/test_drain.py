@@ -1,0 +1,209 @@
+"""Stopping without cutting answers: the ports close at once, readyz says 503, requests in
+flight finish for up to ``drain_timeout``, then what is left is cut and crossbar exits 0."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest_twisted
+import treq
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThread
+
+from crossbar._twisted import handling_request
+from crossbar.config import Config
+from crossbar.testing import RigMaker, SimulatedHost, broken, eventually, guard, rigs
+from crossbar.testing.waiting import turns
+from tests.support import accepts, start_daemon, start_simulator
+
+CHAT = "/lab/v1/chat/completions"
+STREAM = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+@pytest_twisted.async_yield_fixture
+async def make() -> AsyncIterator[RigMaker]:
+    async with rigs() as maker:
+        yield maker
+
+
+def drain_after(seconds: float) -> Any:
+    def adjust(config: Config) -> Config:
+        return attrs.evolve(config, drain_timeout=seconds)
+
+    return adjust
+
+
+def whole_stream(reader_data: bytes) -> bool:
+    return b"[DONE]" in reader_data
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stream_in_flight_finishes_while_the_port_is_closed(make: RigMaker) -> None:
+    rig = await make({"gpu-a": SimulatedHost(chunks=20, chunk_interval=0.03)})
+    port = rig.port
+    response, reader = await rig.stream(CHAT, STREAM)
+    assert response.code == 200
+    await guard(reader.bytes(1), 2, "first chunk")
+    stopping = Deferred.fromCoroutine(rig.crossbar.drain())
+    await turns(2)  # Twisted closes a port on its next turn
+    assert not accepts(port)  # refused at once, not after the drain
+    pages = StubTreq(rig.crossbar.status.resource())
+    ready = await pages.get("http://crossbar/readyz")
+    assert ready.code == 503
+    assert json.loads(await treq.content(ready)) == {
+        "ready": False,
+        "draining": True,
+        "routes_down": [],
+    }
+    await guard(stopping, 5, "drain")
+    assert not broken(await reader.end())
+    assert whole_stream(reader.data)
+    assert rig.logs.matching("stopping: waiting up to 30s for 1 request in flight")
+    assert rig.logs.matching("stopped: 1 request finished")
+
+
+@pytest_twisted.ensureDeferred
+async def test_past_drain_timeout_the_stream_is_cut_and_the_host_stops(make: RigMaker) -> None:
+    sim = SimulatedHost(chunks=100_000, chunk_interval=0.01)
+    rig = await make({"gpu-a": sim}, adjust=drain_after(0.3))
+    _, reader = await rig.stream(CHAT, STREAM)
+    await guard(reader.bytes(1), 2, "first chunk")
+    started = time.monotonic()
+    await guard(Deferred.fromCoroutine(rig.crossbar.drain()), 3, "drain")
+    assert 0.25 < time.monotonic() - started < 2
+    assert broken(await reader.end(2))
+    assert not whole_stream(reader.data)
+    await eventually(lambda: sim.active_streams == 0, 2, "upstream closed")
+    assert rig.logs.matching("stopped: 1 request cut off after 0.3s")
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_idle_kept_alive_connection_is_closed_at_once(make: RigMaker) -> None:
+    rig = await make({"gpu-a": SimulatedHost()})
+    sock = socket.create_connection(("127.0.0.1", rig.port), timeout=5)
+    sock.sendall(b"GET /_crossbar/livez HTTP/1.1\r\nHost: crossbar\r\n\r\n")
+    first = await deferToThread(sock.recv, 65536)
+    assert first.startswith(b"HTTP/1.1 200")
+    await guard(Deferred.fromCoroutine(rig.crossbar.drain()), 2, "drain")
+    assert await deferToThread(sock.recv, 65536) == b""  # closed, not left to time out
+    sock.close()
+    assert rig.logs.matching("stopping: no request in flight")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_arriving_during_the_drain_is_told_to_go_elsewhere(
+    make: RigMaker,
+) -> None:
+    rig = await make({"gpu-a": SimulatedHost(chunks=20, chunk_interval=0.03)})
+    _, reader = await rig.stream(CHAT, STREAM)
+    await guard(reader.bytes(1), 2, "first chunk")
+    # A head that was on its way as the drain began: its connection stays open meanwhile.
+    sock = socket.create_connection(("127.0.0.1", rig.port), timeout=5)
+    sock.sendall(b"POST /lab/v1/chat/completions HTTP/1.1\r\nHost: crossbar\r\n")
+    await eventually(lambda: rig.crossbar.site.open_connections == 2, 2, "second connection")
+    channel = next(c for c in rig.crossbar.site.channels if not handling_request(c))
+    rig.crossbar.status.draining = True  # what drain() sets first
+    rig.crossbar.site.guard = _guard_of(rig)
+    channel.dataReceived(b"Content-Length: 2\r\n\r\n{}")
+    answer = await deferToThread(_read_all, sock)
+    assert answer.startswith(b"HTTP/1.1 503")
+    assert b"Connection: close" in answer
+    assert answer.endswith(b'{"error":"shutting down"}')
+
+
+def _guard_of(rig: Any) -> Any:
+    from crossbar.service import _shutting_down
+
+    return _shutting_down(rig.crossbar.site.guard)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
+# -- the daemon, as a service manager stops it --------------------------------------------------
+
+
+def _stream_through(port: int) -> bytes:
+    body = json.dumps(STREAM).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: crossbar\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (CHAT.encode(), len(body), body)
+    )
+    return _read_all(sock)
+
+
+def _daemon_streaming(tmp_path: Path, chunks: int, extra: str = "") -> Any:
+    sim = start_simulator(tmp_path, "--chunks", str(chunks), "--chunk-interval", "0.05")
+    crossbar = start_daemon(
+        tmp_path,
+        f"poll_interval: 1h\n{extra}hosts:\n  gpu-a: {sim.url}\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n    default_model: tiny-a\n",
+    )
+    assert crossbar.wait(lambda: "host gpu-a is up" in crossbar.output(), 10), crossbar.log()
+    return sim, crossbar
+
+
+def test_sigterm_lets_the_stream_finish_and_exits_0(tmp_path: Path) -> None:
+    sim, crossbar = _daemon_streaming(tmp_path, chunks=30)  # 1.5 s of answer
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_stream_through, crossbar.port)
+            assert crossbar.wait(lambda: _streams(crossbar.url) == 1, 5), crossbar.log()
+            crossbar.proc.terminate()
+            assert crossbar.wait(lambda: not accepts(crossbar.port), 0.5), "still accepting"
+            data = answer.result(timeout=10)
+        assert data.startswith(b"HTTP/1.1 200")
+        assert b"[DONE]" in data and data.endswith(b"0\r\n\r\n")
+        assert crossbar.proc.wait(timeout=10) == 0
+        log = crossbar.output()
+        assert "stopping: waiting up to 30s for 1 request in flight" in log
+        assert "stopped: 1 request finished" in log
+    finally:
+        crossbar.stop()
+        sim.stop()
+
+
+def test_drain_timeout_cuts_a_longer_stream_and_still_exits_0(tmp_path: Path) -> None:
+    sim, crossbar = _daemon_streaming(tmp_path, chunks=400, extra="drain_timeout: 1s\n")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_stream_through, crossbar.port)
+            assert crossbar.wait(lambda: _streams(crossbar.url) == 1, 5), crossbar.log()
+            started = time.monotonic()
+            crossbar.proc.terminate()
+            assert crossbar.proc.wait(timeout=10) == 0
+            assert time.monotonic() - started < 5
+            data = answer.result(timeout=10)
+        assert data.startswith(b"HTTP/1.1 200") and b"[DONE]" not in data
+        log = crossbar.output()
+        assert "stopping: waiting up to 1s for 1 request in flight" in log
+        assert "stopped: 1 request cut off after 1s" in log
+    finally:
+        crossbar.stop()
+        sim.stop()
+
+
+def _streams(base: str) -> int:
+    """Requests in flight, as the status page counts them."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base + "/_crossbar/status", timeout=2) as r:
+            hosts = json.loads(r.read())["hosts"]
+    except OSError:
+        return -1
+    return sum(int(h["in_flight"]) for h in hosts.values())

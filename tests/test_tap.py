@@ -1,0 +1,78 @@
+"""``twistd crossbar --check``, run for real: the effective config and exit 0, or the one
+error line and exit 2, and nothing started either way."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.support import TWISTD
+
+
+def check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``twistd crossbar --check`` in ``tmp_path`` with twistd's default pid file, as an
+    admin would type it."""
+    env = dict(os.environ, LAB_KEY="lab-secret-9")
+    return subprocess.run(
+        [TWISTD, "crossbar", *args, "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+
+
+def test_a_good_config_is_printed_and_nothing_starts(tmp_path: Path) -> None:
+    """The port crossbar would listen on is taken and is also the host's: a check that
+    bound it would fail, one that polled the host would connect to it."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(8)
+    port = taken.getsockname()[1]
+    path = tmp_path / "crossbar.yaml"
+    path.write_text(
+        f'listen: "tcp:{port}:interface=127.0.0.1"\napi_keys: ["${{LAB_KEY}}"]\n'
+        f"hosts: {{gpu-a: 'http://127.0.0.1:{port}'}}\nroutes: {{r: {{hosts: [gpu-a]}}}}\n"
+    )
+    with taken:
+        result = check(tmp_path, "--config", str(path))
+        assert result.returncode == 0, result.stderr
+        taken.setblocking(False)
+        try:
+            taken.accept()[0].close()
+            polled = True
+        except BlockingIOError:
+            polled = False
+    assert not polled
+    assert result.stderr == ""
+    shown = yaml.safe_load(result.stdout)
+    assert shown["listen"] == f"tcp:{port}:interface=127.0.0.1:backlog=1024"
+    assert shown["hosts"]["gpu-a"]["poll_interval"] == 5.0
+    assert shown["routes"]["r"]["api_keys"] == ["${LAB_KEY} (****)"]
+    assert "lab-secret-9" not in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crossbar.yaml"]  # no twistd.pid, log
+
+
+def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    path = tmp_path / "crossbar.yaml"
+    path.write_text("hosts: {gpu-a: 'http://h'}\nroutes: {r: {hosts: [gpu-x]}}\n")
+    result = check(tmp_path, "--config", str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"crossbar: {path}: routes.r.hosts: item 0: unknown host 'gpu-x'\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crossbar.yaml"]
+
+
+def test_the_demo_config_is_checked_without_its_simulated_hosts(tmp_path: Path) -> None:
+    result = check(tmp_path, "--demo", "--listen", "7788")
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["listen"] == "tcp:7788:backlog=1024"
+    assert set(shown["routes"]) == {"opencode", "hermes"}
+    assert shown["hosts"]["gpu-a"]["url"] == "http://127.0.0.1"  # none listening: no port
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
