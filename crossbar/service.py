@@ -53,9 +53,11 @@ SHUTTING_DOWN = Refusal(503, "shutting down", ((b"Retry-After", b"1"),), close=T
 def log_transition(old: HostState, new: HostState) -> None:
     """One log line when a host changes state, not one per poll."""
     if new.healthy:
-        log.info("host {name} is up", name=new.name)
+        log.info("host {name} is up", name=new.name, host_state="up")
     else:
-        log.warn("host {name} is down: {reason}", name=new.name, reason=new.last_err)
+        log.warn(
+            "host {name} is down: {reason}", name=new.name, reason=new.last_err, host_state="down"
+        )
 
 
 class _ClosePools(Service):

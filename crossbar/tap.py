@@ -15,6 +15,7 @@ from twisted.python.components import Componentized
 
 from crossbar._twisted import twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
+from crossbar.logformat import as_json
 from crossbar.server.listening import CannotListen, not_an_internal_start
 
 
@@ -72,19 +73,23 @@ def makeService(options: Options) -> IService:
     if options["check"]:
         _show(config)
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
-    log = _log_observer(options)
+    log = _log_observer(options, config)
     if config.workers == 1:
         return _OneLineErrors(log, Crossbar(config, reactor))
     return _OneLineErrors(log, *_with_workers(config, options["config"], reactor))
 
 
-def _log_observer(options: Options) -> ILogObserver | None:
+def _log_observer(options: Options, config: Config) -> ILogObserver | None:
     """twistd's own log observer (as its --logfile, --syslog and -n say), without the lines
-    of crossbar's internal ports; ``None`` when not run by twistd."""
+    of crossbar's internal ports, writing JSON with ``log_format: json``; ``None`` when not
+    run by twistd."""
     parent = getattr(options, "parent", None)
     if parent is None:
         return None
-    return FilteringLogObserver(twistd_log_observer(parent), [not_an_internal_start])
+    observer = twistd_log_observer(parent)
+    if config.log_format == "json":
+        observer = as_json(observer)
+    return FilteringLogObserver(observer, [not_an_internal_start])
 
 
 def _listen(value: str | None) -> str | None:

@@ -33,7 +33,8 @@ from crossbar.fleet import HealthTable, Traffic
 from crossbar.pages.metrics import Metrics
 from crossbar.server import site as site_module
 from crossbar.server.door import RawHeaders, Refusal
-from crossbar.server.site import Channel, ProxyRequest, Site, http_date
+from crossbar.server.site import Channel, ProxyRequest, Site
+from crossbar.server.timers import http_date
 from crossbar.testing import LogCapture, eventually
 
 CHAT = b"/lab/v1/chat/completions"

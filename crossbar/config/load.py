@@ -58,7 +58,7 @@ _LIMIT_PARSERS: dict[str, Any] = {
 }
 _TOP_KEYS = (
     {"listen", "workers", "hosts", "routes", "api_keys", "status_keys", "status_listen"}
-    | {"trusted_proxies", "drain_timeout"}
+    | {"trusted_proxies", "drain_timeout", "log_format"}
     | set(_LIMIT_PARSERS)
     | SETTING_KEYS
 )
@@ -186,6 +186,10 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
         status_listen=status_listen,
         trusted_proxies=r.convert("trusted_proxies", parse_networks, top.get("trusted_proxies")),
         drain_timeout=r.convert("drain_timeout", parse_duration, top.get("drain_timeout", 30.0)),
+        log_format=cast(
+            model_.LogFormat,
+            r.one_of("log_format", top.get("log_format", "text"), model_.LOG_FORMATS),
+        ),
     )
 
 

@@ -19,9 +19,12 @@ Policy = Literal["priority", "round_robin", "least_busy", "cache_affinity"]
 WhenAllDown = Literal["fail", "try_all"]
 """What a route does when none of its hosts is healthy."""
 ListModels = Literal["forwarded", "merged"]
+
+LogFormat = Literal["text", "json"]
 """Who answers ``GET /<route>/v1/models``: the chosen host, or crossbar for all of them."""
 LIST_MODELS: tuple[str, ...] = get_args(ListModels)
 POLICIES: tuple[str, ...] = get_args(Policy)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 DEMO_SOURCE = "(demo)"
 """The ``source`` of the config ``--demo`` makes: no file, a simulated fleet."""
 WHEN_ALL_DOWN: tuple[str, ...] = get_args(WhenAllDown)
@@ -137,6 +140,8 @@ class Config:
     ``livez`` and ``readyz`` under ``/_crossbar/``."""
     drain_timeout: float = 30.0
     """Seconds a stopping crossbar lets requests in flight finish before closing them."""
+    log_format: LogFormat = "text"
+    """crossbar's own log lines as text for people, or one JSON object each for machines."""
     trusted_proxies: tuple[Network, ...] = ()
     """Peers whose ``X-Forwarded-For`` is extended; anyone else's is replaced."""
     settings: Mapping[str, HostSettings] = attrs.field(

@@ -32,6 +32,7 @@ def effective(config: Config) -> dict[str, Any]:
         "status_keys": [_masked(key) for key in config.status_keys],
         "trusted_proxies": [str(network) for network in config.trusted_proxies],
         "drain_timeout": config.drain_timeout,
+        "log_format": config.log_format,
         **_limits(config.limits),
         **_settings(config.defaults),
         "hosts": {name: _host(host, config.settings[name]) for name, host in config.hosts.items()},

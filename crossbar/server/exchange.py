@@ -30,7 +30,7 @@ from crossbar.fleet import (
     merged_listing,
     place,
 )
-from crossbar.server.access import access_line
+from crossbar.server.access import access_line, access_note
 from crossbar.server.context import ProxyContext
 from crossbar.server.conversation import conversation_key
 from crossbar.server.peek import peek_model, with_model
@@ -385,8 +385,10 @@ class Exchange:
             Outcome(route, self.host, status, seconds, self.first_byte, sent, self.asked, affinity)
         )
         moved_from = placed.home if placed is not None and placed.outcome == "moved" else None
-        line = access_line(
-            route, self.host, self.request.method, self.path, status, seconds,
-            cut_off=self._cut_off, client_left=left, tried=self.tried, moved_from=moved_from,
-        )  # fmt: skip
-        log.info("{request}", request=line)
+        note = access_note(self._cut_off, left, self.tried, moved_from)
+        method = self.request.method
+        line = access_line(route, self.host, method, self.path, status, seconds, note=note)
+        # The fields again for log_format: json (crossbar.logformat), never a body or key.
+        fields = (route, self.host, self.asked, method, self.path, status, seconds,
+                  self.first_byte, sent, note)  # fmt: skip
+        log.info("{request}", request=line, access=fields)

@@ -6,7 +6,6 @@ twisted.web's own."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from io import BytesIO
 from typing import Any
@@ -31,7 +30,7 @@ from crossbar.server import door
 from crossbar.server.door import FOLD_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.rewrite import printable
-from crossbar.server.timers import stop
+from crossbar.server.timers import http_date, stop
 
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""
@@ -40,16 +39,6 @@ REFUSALS_LOGGED_EVERY = 10.0
 """Seconds between two log lines about connections refused past ``max_connections``."""
 
 log = Logger()
-_date = (0, b"")
-
-
-def http_date() -> bytes:
-    """The ``Date`` header's value, formatted once a second, not once a request."""
-    global _date
-    now = int(time.time())
-    if _date[0] != now:
-        _date = (now, http.datetimeToString(now))
-    return _date[1]
 
 
 class ProxyRequest(server.Request):
@@ -266,8 +255,10 @@ class Channel(ParserRefusals):
         else:
             transport.loseConnection()
         self._linger = self.callLater(LINGER, transport.abortConnection)
-        shown = f"{printable(method, 16)} {printable(target.partition(b'?')[0], 200)}"
-        log.info("{request}", request=f"- - {shown} {refusal.status} 0ms")
+        path = target.partition(b"?")[0]
+        line = f"- - {printable(method, 16)} {printable(path, 200)} {refusal.status} 0ms"
+        fields = ("-", None, None, method, path, refusal.status, 0.0, None, 0, "")
+        log.info("{request}", request=line, access=fields)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._stop_deadline()

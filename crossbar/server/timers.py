@@ -1,8 +1,23 @@
-"""The one rule for the server side's timers (header deadlines, idle timers, lingering)."""
+"""The server side's clocks: the one rule for its timers (header deadlines, idle timers,
+lingering), and the ``Date`` header's value."""
 
 from __future__ import annotations
 
+import time
+
 from twisted.internet.interfaces import IDelayedCall
+from twisted.web import http
+
+_date = (0, b"")
+
+
+def http_date() -> bytes:
+    """The ``Date`` header's value, formatted once a second, not once a request."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, http.datetimeToString(now))
+    return _date[1]
 
 
 def stop(call: IDelayedCall | None) -> None:
