@@ -36,7 +36,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -189,17 +189,24 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _npm(args: list[str], env: dict[str, str], timeout: float, what: str) -> None:
-    """Run npm; skip with its first error lines when it fails or does not end in time."""
+def _npm(
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+    what: str,
+    unavailable: Callable[[str], NoReturn] = _unavailable,
+) -> None:
+    """Run npm; skip (through ``unavailable``, which names the package) with its first
+    error lines when it fails or does not end in time."""
     try:
         done = subprocess.run(
             args, capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=timeout
         )
     except subprocess.TimeoutExpired:
-        _unavailable(f"{what} did not finish within {timeout:.0f} s")
+        unavailable(f"{what} did not finish within {timeout:.0f} s")
     if done.returncode != 0:
         errors = done.stderr.decode(errors="replace").strip().splitlines()[:4]
-        _unavailable(f"{what} failed (exit {done.returncode}):\n" + "\n".join(errors))
+        unavailable(f"{what} failed (exit {done.returncode}):\n" + "\n".join(errors))
 
 
 def _npm_install(stage: Path, work: Path) -> None:
