@@ -19,8 +19,9 @@ from crossbar.server.rewrite import printable
 
 
 def json_line(event: LogEvent) -> str | None:
-    """The event as one line of JSON: a request, a host transition, or a message in words
-    (with its traceback, if any, inside the text); ``None`` for an event with no words."""
+    """The event as one line of JSON: a request, a host transition, a reload, or a message
+    in words (with its traceback, if any, inside the text); ``None`` for an event with no
+    words."""
     access = event.get("access")
     state = event.get("host_state")
     if access is not None:
@@ -37,8 +38,12 @@ def json_line(event: LogEvent) -> str | None:
         text = eventAsText(event, includeTimestamp=False, includeSystem=False)
         if not text:
             return None
-        system = event.get("log_system") or event.get("log_namespace", "-")
-        fields = {"event": "message", "system": system, "text": text}
+        reload = event.get("reload")
+        if reload is not None:  # "ok" or "refused"; the text says what changed, or why not
+            fields = {"event": "reload", "result": reload, "text": text}
+        else:
+            system = event.get("log_system") or event.get("log_namespace", "-")
+            fields = {"event": "message", "system": system, "text": text}
     level = event.get("log_level")
     head = {"time": _time(event.get("log_time")), "level": getattr(level, "name", None)}
     return json.dumps(head | fields, separators=(",", ":")) + "\n"

@@ -8,101 +8,68 @@ and the status pages only read.
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Callable
 from socket import gethostname
 from typing import Any
 
-from treq.client import HTTPClient
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList, gatherResults
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
-from twisted.internet.interfaces import IListeningPort
-from twisted.internet.task import deferLater
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.logger import Logger
-from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 
 from crossbar import __version__
-from crossbar._twisted import handling_request
-from crossbar.config import DEMO_SOURCE, LISTEN_BACKLOG, Config, tcp_address
-from crossbar.fleet import HealthTable, HostState, Observers, Traffic
-from crossbar.fleet.poller import Poller
-from crossbar.fleet.recent import RecentTraffic
+from crossbar.config import DEMO_SOURCE, Config, ConfigError, tcp_address
+from crossbar.config.changes import Changes, Reloaded, Reloads, compare
+from crossbar.config.fields import shown_listen
+from crossbar.fleet import Observers
+from crossbar.hosts import Hosts, log_transition
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
 from crossbar.server.context import ProxyContext
-from crossbar.server.door import Guard, RawHeaders, Refusal
+from crossbar.server.draining import count_requests, drain
 from crossbar.server.keys import KeyGuard, Pages
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import ProxyResource, RootResource
 from crossbar.server.site import Site
-from crossbar.upstream import Upstreams
-from crossbar.upstream.endpoints import make_agent, make_pool
+from crossbar.upstream.failures import describe
 
 log = Logger()
 
 CLIENT_IDLE_TIMEOUT = 75.0
 """Seconds an idle client connection is kept open."""
-MAX_IDLE_PER_HOST = 64
-"""Idle upstream connections kept per host for the proxy."""
-DRAIN_CHECK = 0.1
-"""Seconds between two looks at the requests still in flight while crossbar stops."""
-SHUTTING_DOWN = Refusal(503, "shutting down", ((b"Retry-After", b"1"),), close=True)
-
-
-def log_transition(old: HostState, new: HostState) -> None:
-    """One log line when a host changes state, not one per poll."""
-    if new.healthy:
-        log.info("host {name} is up", name=new.name, host_state="up")
-    else:
-        log.warn(
-            "host {name} is down: {reason}", name=new.name, reason=new.last_err, host_state="down"
-        )
-
-
-class _ClosePools(Service):
-    """Drops kept-alive upstream connections when crossbar stops."""
-
-    def __init__(self, polls: HTTPConnectionPool, upstreams: Upstreams) -> None:
-        self._polls = polls
-        self._upstreams = upstreams
-
-    def stopService(self) -> Deferred[Any]:
-        super().stopService()
-        return DeferredList([self._polls.closeCachedConnections(), self._upstreams.close()])
+__all__ = ["Crossbar", "announcement", "log_transition", "shown_listen"]
 
 
 class Crossbar(MultiService):
     """The running crossbar: poller, proxy, status pages and listener. Tests build it directly."""
 
-    def __init__(self, config: Config, reactor: Any, worker: WorkerInfo | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        reactor: Any,
+        worker: WorkerInfo | None = None,
+        load: Callable[[], Config] | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.worker = worker
-        settings = config.settings
-        self.table = HealthTable(config.urls, reactor, settings)
-        self.table.on_change(log_transition)
-        slots = {name: h.slots for name, h in config.hosts.items() if h.slots is not None}
-        self.traffic = Traffic(config.hosts, config.routes, slots)
-
-        poll_pool = make_pool(reactor, per_host=1)
-        poll_timeouts = {name: s.poll_timeout for name, s in settings.items()}
-        tls_cas = {name: h.tls_ca for name, h in config.hosts.items() if h.tls_ca}
-        host_keys = {name: h.api_key for name, h in config.hosts.items() if h.api_key}
-        poll_agent = make_agent(reactor, poll_pool, config.urls, poll_timeouts, tls_cas=tls_cas)
-        self._client = HTTPClient(poll_agent)
-        self.poller = Poller(self.table, self._client, reactor, keys=host_keys)
-        connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
-        upstreams = Upstreams(
-            reactor, config.urls, connect_timeouts, max_idle=MAX_IDLE_PER_HOST, tls_cas=tls_cas
-        )
+        self.load = load
+        """Reads the config file again for a reload; ``None`` when there is none (a demo)."""
+        self.reloads = Reloads(reactor.seconds())
+        self.siblings: Callable[[], None] | None = None
+        """With workers, worker 0 asks the others to reload through this."""
+        self.hosts = hosts = Hosts(config, reactor)
+        self.table, self.traffic, self.poller = hosts.table, hosts.traffic, hosts.poller
+        self.recent = hosts.recent
         self.metrics = Metrics(self.table, self.traffic)
-        affine = [name for name, r in config.routes.items() if r.policy == "cache_affinity"]
-        self.recent = RecentTraffic(config.hosts, reactor, affine)
-        observer = Observers(self.metrics, self.recent)
-        self.proxy = ProxyResource(
-            ProxyContext(config, self.table, self.traffic, upstreams, reactor, observer)
-        )
+        self.metrics.count_reloads(self.reloads)
+        self._observer = Observers(self.metrics, self.recent)
+        self.proxy = ProxyResource(self._context(config, reactor))
         self.status = StatusApp(
             config,
             self.table,
@@ -112,38 +79,41 @@ class Crossbar(MultiService):
             gather_metrics=None if worker is None else lambda: self._all_metrics(worker),
             recent=self.recent,
             worker=worker,
+            reloads=self.reloads,
+            reload=self.reload_everywhere,
         )
 
         root = RootResource(self.proxy)
         status_root = self.status.resource()
         own_pages = config.status_listen is not None
         root.putChild(b"_crossbar", self.status.probes() if own_pages else status_root)
-        self.site = Site(
+        self._guarded: list[tuple[Site, Pages]] = []
+        """Each site with which of the pages it guards: their keys change with a reload."""
+        self.site = self._guard(
+            "probes" if own_pages else "all",
             root,
             proxy=self.proxy,
-            guard=_guard(config, "probes" if own_pages else "all"),
             limits=config.limits,
             timeout=CLIENT_IDLE_TIMEOUT,
             parsePOSTFormSubmission=False,
         )
         self.metrics.count_connections(self.site)
 
-        _ClosePools(poll_pool, upstreams).setServiceParent(self)
+        hosts.closer.setServiceParent(self)
         self.poller.setServiceParent(self)
-        if worker is None:
-            endpoint = serverFromString(reactor, config.listen)
-        else:
-            endpoint = ReusePortEndpoint(reactor, config.listen)
+        shared = worker is not None or config.listen_reuse_port
+        endpoint = _endpoint(reactor, config.listen, shared)
+        if worker is not None:
             # A private loopback port where the other workers ask for this one's metrics.
             admin = Resource()
             admin.putChild(b"_crossbar", status_root)
             # Guarded like the pages: any local user can reach a loopback port.
             private = Listener(
                 TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
-                Site(
+                self._guard(
+                    "only",
                     admin,
                     internal=True,
-                    guard=_guard(config, "only"),
                     timeout=30,
                     parsePOSTFormSubmission=False,
                 ),
@@ -155,19 +125,17 @@ class Crossbar(MultiService):
         self._sites = [self.site]
         if config.status_listen is not None:
             # Started before the main port, so that the announcement knows both.
-            pages_site = Site(
+            pages_site = self._guard(
+                "only",
                 self.status.own_root(),
                 internal=True,  # announced with the routes, not as a second crossbar
-                guard=_guard(config, "only"),
                 limits=config.limits,
                 timeout=CLIENT_IDLE_TIMEOUT,
                 parsePOSTFormSubmission=False,
             )
             self._sites.append(pages_site)
             self.status_listener = Listener(
-                serverFromString(reactor, config.status_listen)
-                if worker is None
-                else ReusePortEndpoint(reactor, config.status_listen),
+                _endpoint(reactor, config.status_listen, shared),
                 pages_site,
                 name=shown_listen(config.status_listen),
             )
@@ -187,66 +155,80 @@ class Crossbar(MultiService):
         return Deferred.fromCoroutine(stop())
 
     async def drain(self) -> None:
-        """Stop taking requests and let those in flight finish, for up to ``drain_timeout``.
-
-        The ports close at once and readyz says 503, so a balancer sends elsewhere. A
-        connection is closed as soon as it is between requests (an idle kept-alive one at
-        once, a busy one after its answer): its client reconnects to another crossbar
-        rather than finding this one gone mid-request. A request whose head still comes
-        in on an open connection is answered 503. Past the timeout, the connections left
-        are cut, which cancels their requests on the hosts.
-        """
+        """Stop taking requests; let those in flight finish, for up to ``drain_timeout``."""
         if self.status.draining:
             return
         self.status.draining = True
-        for site in self._sites:
-            site.guard = _shutting_down(site.guard)
-        closing = [d for d in (self.listener.close(), self._status_close()) if d is not None]
-        timeout = self.config.drain_timeout
-        waiting = busy = self._close_idle()
-        if busy:
+        listeners = (self.listener, self.status_listener)
+        await drain(self._sites, listeners, self.config.drain_timeout, self._reactor)
+
+    def _guard(self, pages: Pages, *args: Any, **kwargs: Any) -> Site:
+        """A site guarded by the config's keys for ``pages`` (and again after a reload)."""
+        site = Site(*args, guard=_guard(self.config, pages), **kwargs)
+        self._guarded.append((site, pages))
+        return site
+
+    def _context(self, config: Config, reactor: Any) -> ProxyContext:
+        hosts = self.hosts
+        traffic, upstreams = hosts.traffic, hosts.upstreams
+        return ProxyContext(config, hosts.table, traffic, upstreams, reactor, self._observer)
+
+    # -- reload ----------------------------------------------------------------------------
+
+    def reload(self) -> Reloaded:
+        """Read the config file again and apply it to new requests; requests in flight
+        finish as they began. A config that fails to load is refused whole and the one
+        in force keeps serving."""
+        now = self._reactor.seconds()
+        if self.load is None:
+            return _said(Reloaded(False, "reload refused: there is no config file", conflict=True))
+        if self.status.draining:
+            return _said(Reloaded(False, "reload refused: crossbar is stopping", conflict=True))
+        try:
+            changes = compare(self.config, self.load())
+            self._apply(changes)
+        except ConfigError as e:
+            self.reloads.failed(now, str(e))
+            return _said(Reloaded(False, f"reload refused, the config in force stays: {e}"))
+        except Exception as e:  # whatever it is, the config in force keeps serving
+            log.failure("crossbar: unexpected error applying a reloaded config")
+            reason = f"reload failed, the config in force stays: {describe(e)}"
+            self.reloads.failed(now, reason)
+            return _said(Reloaded(False, reason))
+        self.reloads.applied(now)
+        for line in changes.ignored:
+            log.warn("reload: {line}", line=line)
+        summary = changes.summary()
+        return _said(Reloaded(True, f"reloaded {self.config.source}: {summary}", changes.ignored))
+
+    def reload_everywhere(self) -> Reloaded:
+        """Reload this process and, with workers, every worker: worker 0 tells the others;
+        another worker asks worker 0, which reloads them all (this one included)."""
+        worker = self.worker
+        if worker is not None and worker.index != 0:
+            os.kill(os.getppid(), signal.SIGHUP)
+            return Reloaded(True, f"asked worker 0 to reload all {worker.count} workers")
+        result = self.reload()
+        if result.ok and self.siblings is not None:
+            self.siblings()
+        return result
+
+    def _apply(self, changes: Changes) -> None:
+        """Everything that can fail is built before anything running is changed."""
+        config = changes.config
+        guards = [(site, _guard(config, pages)) for site, pages in self._guarded]
+        leaving = self.hosts.apply(changes)
+        for name in leaving:
+            count = count_requests(self.traffic.in_flight.get(name, 0), "in flight")
             log.info(
-                "stopping: waiting up to {timeout}s for {count}",
-                timeout=f"{timeout:g}",
-                count=_requests(busy, "in flight"),
+                "host {name} left the config: kept until its {count} end", name=name, count=count
             )
-        else:
-            log.info("stopping: no request in flight")
-        deadline = self._reactor.seconds() + timeout
-        while busy and self._reactor.seconds() < deadline:
-            await deferLater(self._reactor, min(DRAIN_CHECK, timeout), lambda: None)
-            busy = self._close_idle()
-        cut = 0
-        for site in self._sites:
-            for channel in list(site.channels):
-                if handling_request(channel):  # the idle ones are closing already
-                    cut += 1
-                    transport: Any = channel.transport
-                    transport.abortConnection()
-        if waiting:
-            finished = max(waiting - cut, 0)
-            words = [_requests(finished, "finished")] if finished or not cut else []
-            if cut:
-                words.append(f"{_requests(cut, 'cut off')} after {timeout:g}s")
-            log.info("stopped: {outcome}", outcome=", ".join(words))
-        await gatherResults(closing)
-
-    def _status_close(self) -> Deferred[None] | None:
-        return None if self.status_listener is None else self.status_listener.close()
-
-    def _close_idle(self) -> int:
-        """Close the client connections that are between requests; count the others,
-        whose answers end their connection."""
-        busy = 0
-        for site in self._sites:
-            for channel in list(site.channels):
-                if handling_request(channel):
-                    channel.persistent = False
-                    busy += 1
-                else:
-                    transport: Any = channel.transport
-                    transport.loseConnection()
-        return busy
+        for site, guard in guards:
+            site.guard = guard
+            if site.limits is self.config.limits:
+                site.limits = config.limits
+        self.config = self.status.config = config
+        self.proxy.context = self._context(config, self._reactor)
 
     def _announce(self, port: IListeningPort) -> None:
         """Say what this crossbar serves, with the base URLs to paste into an agent."""
@@ -259,24 +241,23 @@ class Crossbar(MultiService):
         keys = self.config.status_keys
         own = self.metrics.render()
         return Deferred.fromCoroutine(
-            gather_metrics(worker, own, self._client, keys[0] if keys else None)
+            gather_metrics(worker, own, self.hosts.client, keys[0] if keys else None)
         )
 
 
-def _shutting_down(guard: Guard | None) -> Guard:
-    """``guard`` for the pages (readyz says the drain); 503 for anything else."""
-
-    def check(path: bytes, headers: RawHeaders) -> Refusal | None:
-        if not path.startswith(b"/_crossbar/"):
-            return SHUTTING_DOWN
-        return None if guard is None else guard(path, headers)
-
-    return check
+def _endpoint(reactor: Any, listen: str, shared: bool) -> IStreamServerEndpoint:
+    """Where to listen; ``shared`` with other processes (workers, or an upgrade's new
+    crossbar) through ``SO_REUSEPORT``."""
+    return ReusePortEndpoint(reactor, listen) if shared else serverFromString(reactor, listen)
 
 
-def _requests(count: int, what: str) -> str:
-    """``1 request finished``, ``3 requests in flight``."""
-    return f"{count} request{'' if count == 1 else 's'} {what}"
+def _said(result: Reloaded) -> Reloaded:
+    """Log a reload's outcome: one line."""
+    if result.ok:
+        log.info("{line}", line=result.message, reload="ok")
+    else:
+        log.warn("{line}", line=result.message, reload="refused")
+    return result
 
 
 def _guard(config: Config, pages: Pages) -> KeyGuard | None:
@@ -287,11 +268,6 @@ def _guard(config: Config, pages: Pages) -> KeyGuard | None:
 
 def _port(port: IListeningPort | None) -> int | None:
     return None if port is None else getattr(port.getHost(), "port", None)
-
-
-def shown_listen(listen: str) -> str:
-    """The listen endpoint as an admin wrote it: without the backlog crossbar adds."""
-    return listen.replace(f":backlog={LISTEN_BACKLOG}", "")
 
 
 def announcement(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 from twisted.application.service import IService, IServiceCollection, MultiService
@@ -17,6 +18,10 @@ from crossbar._twisted import twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
 from crossbar.logformat import as_json
 from crossbar.server.listening import CannotListen, not_an_internal_start
+
+if TYPE_CHECKING:
+    from crossbar.service import Crossbar
+    from crossbar.workers import WorkerProcesses
 
 
 class Options(usage.Options):
@@ -48,6 +53,7 @@ def makeService(options: Options) -> IService:
 
     from crossbar.service import Crossbar
 
+    load: Callable[[], Config] | None = None
     try:
         listen = _listen(options["listen"])
         if options["demo"] and options["check"]:
@@ -61,13 +67,8 @@ def makeService(options: Options) -> IService:
 
             config, _ = demo_config(reactor, listen or parse_listen(7777))
         else:
-            config = load_config(options["config"])
-            if listen is not None:
-                if config.workers > 1:
-                    raise ConfigError(
-                        "--listen", "", "cannot be used with workers: set listen in the file"
-                    )
-                config = attrs.evolve(config, listen=listen)
+            load = _loader(options["config"], listen)
+            config = load()
     except ConfigError as e:
         _fail(str(e), 2)  # one line naming file, key and problem; never a traceback
     if options["check"]:
@@ -75,8 +76,27 @@ def makeService(options: Options) -> IService:
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
     log = _log_observer(options, config)
     if config.workers == 1:
-        return _OneLineErrors(log, Crossbar(config, reactor))
-    return _OneLineErrors(log, *_with_workers(config, options["config"], reactor))
+        crossbar = Crossbar(config, reactor, load=load)
+        reactor.callWhenRunning(_reload_on_sighup, reactor, crossbar)
+        return _OneLineErrors(log, crossbar)
+    crossbar, workers = _with_workers(config, options["config"], reactor, load)
+    crossbar.siblings = workers.reload
+    reactor.callWhenRunning(_reload_on_sighup, reactor, crossbar)
+    return _OneLineErrors(log, crossbar, workers)
+
+
+def _loader(path: str, listen: str | None) -> Callable[[], Config]:
+    """Reads the config file, at start and for each reload, with ``--listen`` applied."""
+
+    def load() -> Config:
+        config = load_config(path)
+        if listen is None:
+            return config
+        if config.workers > 1:
+            raise ConfigError("--listen", "", "cannot be used with workers: set listen in the file")
+        return attrs.evolve(config, listen=listen)
+
+    return load
 
 
 def _log_observer(options: Options, config: Config) -> ILogObserver | None:
@@ -140,7 +160,9 @@ class _OneLineErrors(MultiService):
             _fail(str(e), 1)
 
 
-def _with_workers(config: Config, path: str, reactor: Any) -> tuple[IService, IService]:
+def _with_workers(
+    config: Config, path: str, reactor: Any, load: Callable[[], Config] | None
+) -> tuple[Crossbar, WorkerProcesses]:
     """Worker 0 in this process, workers 1..N-1 as children sharing its port."""
     import shutil
     import tempfile
@@ -152,9 +174,19 @@ def _with_workers(config: Config, path: str, reactor: Any) -> tuple[IService, IS
     run_dir = tempfile.mkdtemp(prefix="crossbar-workers-")
     reactor.addSystemEventTrigger("after", "shutdown", shutil.rmtree, run_dir, True)
     info = WorkerInfo(0, config.workers, run_dir)
-    return Crossbar(config, reactor, worker=info), WorkerProcesses(
+    return Crossbar(config, reactor, worker=info, load=load), WorkerProcesses(
         reactor, str(Path(path).resolve()), info, config.drain_timeout
     )
+
+
+def _reload_on_sighup(reactor: Any, crossbar: Crossbar) -> None:
+    """SIGHUP reloads the config (every worker's, with workers), as systemd's
+    ``ExecReload`` and ``kill -HUP`` expect."""
+
+    def reload(signum: int, frame: object) -> None:
+        reactor.callFromThread(crossbar.reload_everywhere)
+
+    signal.signal(signal.SIGHUP, reload)
 
 
 def _stop_cleanly_on_signals(reactor: Any) -> None:

@@ -26,6 +26,7 @@ from crossbar.fleet.affinity import (
     MAX_CONVERSATIONS,
     Conversations,
     Load,
+    _LiveCounts,
     rendezvous,
 )
 from crossbar.server.conversation import conversation_key
@@ -448,3 +449,104 @@ def test_two_crossbar_processes_agree_on_every_conversations_host(tmp_path: Path
         for daemon in daemons:
             daemon.stop()
         sim.stop()
+
+
+# -- a reload: slots given, changed or taken away (Conversations.set_slots) ---------------------
+
+T0 = 1_000_000.0  # a multiple of the 10 s bucket
+
+
+def placed(
+    turns: list[tuple[bytes, str, float]], slots: dict[str, int] | None = None
+) -> Conversations:
+    """A table fed ``(conversation, host, time)`` turns, as the proxy feeds it."""
+    table = Conversations(slots=slots)
+    for key, host, now in turns:
+        table.remember(key, host, now)
+    return table
+
+
+def test_a_host_given_slots_counts_its_live_conversations_at_once() -> None:
+    k1, k2, k3, k4, k5 = keys(5)
+    turns = [
+        (k1, "gpu-a", T0),  # 310 s old at the end: no longer live
+        (k2, "gpu-a", T0 + 100),
+        (k3, "gpu-b", T0 + 200),
+        (k4, "gpu-a", T0 + 250),
+        (k5, "gpu-a", T0 + 260),
+        (k5, "gpu-b", T0 + 270),  # moved: live on gpu-b now, not on gpu-a
+    ]
+    now = T0 + 310
+    table = placed(turns)
+    assert table.live("gpu-a", now) == 0  # without slots nothing is counted
+    table.set_slots({"gpu-a": 2, "gpu-b": 8})
+    assert table.live("gpu-a", now) == 2  # k2 and k4
+    assert table.live("gpu-b", now) == 2  # k3 and k5
+    assert not table.has_room("gpu-a", now)
+    assert table.has_room("gpu-b", now)
+    # the same counts as a table that had these slots from the start
+    always = placed(turns, {"gpu-a": 2, "gpu-b": 8})
+    assert [always.live(h, now) for h in ("gpu-a", "gpu-b")] == [2, 2]
+
+
+def test_counts_after_new_slots_go_on_as_turns_come_and_age() -> None:
+    k1, k2, k3 = keys(3)
+    table = placed([(k1, "gpu-a", T0), (k2, "gpu-a", T0 + 50)])
+    table.set_slots({"gpu-a": 2})
+    assert table.live("gpu-a", T0 + 60) == 2
+    table.remember(k3, "gpu-a", T0 + 70)
+    table.remember(k1, "gpu-a", T0 + 80)  # a live one again: not counted twice
+    assert table.live("gpu-a", T0 + 80) == 3
+    assert table.live("gpu-a", T0 + 355) == 2  # k2 (at T0 + 50) has aged out
+    assert table.live("gpu-a", T0 + 390) == 0
+
+
+def test_conversations_older_than_the_live_window_are_not_counted() -> None:
+    table = placed([(k, "gpu-a", T0 + i) for i, k in enumerate(keys(5))])
+    later = T0 + LIVE_SECONDS + 20
+    table.set_slots({"gpu-a": 1})
+    assert table.live("gpu-a", later) == 0
+    assert table.has_room("gpu-a", later)
+
+
+def test_a_conversation_a_whole_window_older_than_another_is_not_counted() -> None:
+    old, new = keys(2)
+    turns = [(old, "gpu-a", T0), (new, "gpu-a", T0 + LIVE_SECONDS)]  # the same ring bucket
+    now = T0 + LIVE_SECONDS + 5
+    assert placed(turns, {"gpu-a": 1}).live("gpu-a", now) == 1  # with slots from the start
+    table = placed(turns)
+    table.set_slots({"gpu-a": 1})
+    assert table.live("gpu-a", now) == 1
+    assert not table.has_room("gpu-a", now)
+
+
+def test_slots_taken_away_leave_room_everywhere() -> None:
+    table = placed([(k, "gpu-a", T0) for k in keys(3)], {"gpu-a": 2})
+    assert not table.has_room("gpu-a", T0 + 1)
+    table.set_slots({})
+    assert table.has_room("gpu-a", T0 + 1)
+    assert table.live("gpu-a", T0 + 1) == 0
+    assert table.slots == {}
+
+
+def test_fewer_slots_make_a_host_full() -> None:
+    table = placed([(k, "gpu-a", T0) for k in keys(3)], {"gpu-a": 4})
+    assert table.has_room("gpu-a", T0 + 1)
+    table.set_slots({"gpu-a": 3})
+    assert table.live("gpu-a", T0 + 1) == 3
+    assert not table.has_room("gpu-a", T0 + 1)
+
+
+def test_live_counts_take_ticks_in_any_order_within_the_window() -> None:
+    counts = _LiveCounts()
+    counts.at(100)
+    counts.add_at(70)  # 30 ticks old: out of the window
+    counts.add_at(71)
+    counts.add_at(100)
+    counts.add_at(85)
+    counts.add_at(85)
+    assert counts.at(100) == 4
+    assert counts.at(101) == 3  # tick 71 leaves
+    assert counts.at(116) == 1  # the two at 85 leave too
+    counts.add_at(86)  # older than what is in its bucket already: already gone
+    assert counts.at(116) == 1

@@ -161,10 +161,18 @@ def test_all_down_fails_by_default() -> None:
 
 def test_all_down_with_try_all_gives_the_next_untried_host() -> None:
     states = {"a": state("a", healthy=False), "b": state("b", healthy=False)}
-    config = route("a", "b", "c", when_all_down="try_all")  # c has no state yet
+    states["c"] = state("c", healthy=False)
+    config = route("a", "b", "c", when_all_down="try_all")
     assert choose_for_route(config, "m", states, {}, 0) == "a"
     assert choose_for_route(config, "m", states, {}, 0, exclude={"a"}) == "b"
     assert choose_for_route(config, "m", states, {}, 0, exclude={"a", "b"}) == "c"
+
+
+def test_try_all_never_gives_a_host_gone_from_the_table() -> None:
+    """A request that began before a reload removed a host retries only hosts still known."""
+    states = {"a": state("a", healthy=False)}
+    config = route("a", "gone", when_all_down="try_all")
+    assert choose_for_route(config, "m", states, {}, 0, exclude={"a"}) is None
     assert choose_for_route(config, "m", states, {}, 0, exclude={"a", "b", "c"}) is None
 
 

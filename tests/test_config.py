@@ -125,6 +125,21 @@ MISTAKES = [
     (("listen: 7777 ", 'listen: "bogus:thing" '), "listen", "unknown endpoint type"),
     (("listen: 7777 ", 'listen: "tcp:7777:colour=red" '), "listen", "unknown option 'colour'"),
     (("listen: 7777 ", 'listen: "tcp:seven" '), "listen", "a port must be a number"),
+    (
+        ("listen: 7777 ", "listen: 7777\nlisten_reuse_port: yes please"),
+        "listen_reuse_port",
+        "must be true or false",
+    ),
+    (
+        ("listen: 7777 ", 'listen: 7777\nlisten_reuse_port: "true"'),
+        "listen_reuse_port",
+        "must be true or false",
+    ),
+    (
+        ("listen: 7777 ", 'listen: "unix:/tmp/crossbar.sock"\nlisten_reuse_port: true\n#'),
+        "listen",
+        "tcp",
+    ),
     (("  gpu-b: http", "  gpu-a: http"), "hosts.gpu-a", "duplicate key"),
     (
         ("poll_interval: 5s", "poll_interval: 5s\npoll_interval: 9s"),

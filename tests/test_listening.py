@@ -175,7 +175,7 @@ def test_a_port_that_cannot_be_bound_is_a_failed_deferred(
 
 
 def test_only_a_plain_tcp_description_can_be_shared(reactor: IReactorTCP) -> None:
-    with pytest.raises(ValueError, match="workers need a TCP listen address"):
+    with pytest.raises(ValueError, match="need a plain tcp: port"):
         ReusePortEndpoint(reactor, "unix:/tmp/crossbar.sock")
 
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import signal
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,32 +14,22 @@ from twisted.logger import FileLogObserver, Logger, formatEventAsClassicLogText
 
 from crossbar.config import ConfigError, parse_config
 from crossbar.logformat import as_json
-from tests.support import TWISTD, accepts, free_port
+from tests.support import free_port, start_daemon
 
 
 def test_a_twistd_log_file_gets_one_json_object_per_line(tmp_path: Path) -> None:
-    port = free_port()
-    (tmp_path / "crossbar.yaml").write_text(
-        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
+    daemon = start_daemon(
+        tmp_path,
         "log_format: json\n"
         f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"  # nobody there: the host is down
-        "routes:\n  lab:\n    hosts: [gpu-a]\n    api_keys: [route-key-77]\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n    api_keys: [route-key-77]\n",
+        twistd_args=["--logfile=x.log"],
     )
-    proc = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "--logfile=x.log", "crossbar", "-c", "crossbar.yaml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    port = daemon.port
     try:
-        deadline = time.monotonic() + 30
-        while not accepts(port):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
         body = b'{"model": "qwen-7b", "messages": [{"role": "user", "content": "secret-body-55"}]}'
         asked = urllib.request.Request(
-            f"http://127.0.0.1:{port}/lab/v1/chat/completions",
+            f"{daemon.url}/lab/v1/chat/completions",
             data=body,
             headers={"Authorization": "Bearer route-key-77", "Content-Type": "application/json"},
         )
@@ -51,9 +38,8 @@ def test_a_twistd_log_file_gets_one_json_object_per_line(tmp_path: Path) -> None
         except urllib.error.HTTPError as e:
             assert e.code == 503
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, out
+        code = daemon.stop()
+    assert code == 0, daemon.output()
     text = (tmp_path / "x.log").read_text()
     lines = [json.loads(line) for line in text.splitlines()]  # every line is one object
     assert all(isinstance(line, dict) and line["time"] for line in lines)
@@ -96,6 +82,25 @@ def test_the_request_line_names_what_went_unusually() -> None:
         512,
     )
     assert line["note"] == "client left; tried gpu-a, gpu-b"
+
+
+def test_a_reload_is_an_event_of_its_own() -> None:
+    out = io.StringIO()
+    log = Logger(namespace="crossbar.service", observer=as_json(FileLogObserver(out, str)))
+    log.warn("{line}", line="reload refused, the config in force stays: x", reload="refused")
+    log.info("{line}", line="reloaded crossbar.yaml: routes changed: lab", reload="ok")
+    refused, applied = (json.loads(line) for line in out.getvalue().splitlines())
+    assert refused == {
+        "time": refused["time"],
+        "level": "warn",
+        "event": "reload",
+        "result": "refused",
+        "text": "reload refused, the config in force stays: x",
+    }
+    assert (applied["result"], applied["text"]) == (
+        "ok",
+        "reloaded crossbar.yaml: routes changed: lab",
+    )
 
 
 def test_a_failure_is_one_line_with_its_traceback_inside() -> None:

@@ -288,3 +288,142 @@ def test_never_asks_paths_that_load_models() -> None:
     rig.poller.stopService()
     asked = set(rig.fleet.hosts["gpu-a"].paths)
     assert asked == {b"/health", b"/v1/models"}
+
+
+# -- a reload: set_hosts and forget -------------------------------------------------------------
+
+
+def add_host(rig: Rig, name: str, interval: float = 5.0) -> None:
+    """The table (and the fleet) gain ``name``, as a reload applies it to the table."""
+    rig.fleet.hosts[name] = FakeHost()
+    urls = {n: rig.table.view[n].url for n in rig.table.names}
+    settings = {**rig.table.settings, name: HostSettings(poll_interval=interval)}
+    rig.table.set_hosts({**urls, name: f"http://{name}:8080"}, settings)
+
+
+def test_a_host_added_by_a_reload_is_polled_at_once() -> None:
+    rig = make_rig("gpu-a")
+    rig.poller.startService()
+    rig.client.flush()
+    add_host(rig, "gpu-b")
+    rig.poller.set_hosts(rig.client, {})
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-b"].paths == [b"/health", b"/v1/models"]  # no clock moved
+    assert rig.state("gpu-b").healthy
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 2  # the others wait for their tick
+    rig.clock.advance(5.0)
+    rig.client.flush()
+    assert len(rig.fleet.hosts["gpu-b"].paths) == 4
+    rig.poller.stopService()
+
+
+def test_a_host_removed_from_the_table_is_no_longer_polled() -> None:
+    rig = make_rig("gpu-a", "gpu-b")
+    rig.poller.startService()
+    rig.client.flush()
+    rig.table.set_hosts({"gpu-a": "http://gpu-a:8080"}, rig.table.settings)
+    rig.poller.set_hosts(rig.client, {})
+    for _ in range(3):
+        rig.clock.advance(5.0)
+        rig.client.flush()
+    assert len(rig.fleet.hosts["gpu-b"].paths) == 2  # the first poll only
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 8
+    rig.poller.stopService()
+
+
+def test_a_forgotten_host_s_poll_under_way_is_cancelled_and_not_recorded() -> None:
+    rig = make_rig("gpu-a", "gpu-b", timeout=5.0)
+    rig.fleet.hosts["gpu-b"].hang = True
+    rig.poller.startService()
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-b"].paths == [b"/health"]
+    rig.poller.forget("gpu-b")  # still in the table: what it records would show
+    rig.client.flush()
+    for _ in range(2):  # past the poll timeout, and two more ticks
+        rig.clock.advance(5.0)
+        rig.client.flush()
+    assert rig.state("gpu-b") == HostState(name="gpu-b", url="http://gpu-b:8080")
+    assert rig.fleet.hosts["gpu-b"].paths == [b"/health"]
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 6  # the others go on
+    rig.poller.stopService()
+
+
+def test_a_restarted_host_is_polled_at_once_on_its_new_interval() -> None:
+    rig = make_rig("gpu-a", "gpu-b", interval=5.0)
+    rig.poller.startService()
+    rig.client.flush()
+    urls = {n: f"http://{n}:8080" for n in ("gpu-a", "gpu-b")}
+    settings = {**rig.table.settings, "gpu-a": HostSettings(poll_interval=2.0)}
+    rig.table.set_hosts(urls, settings)
+    rig.poller.set_hosts(rig.client, {}, restart=["gpu-a"])
+    rig.client.flush()
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 4
+    assert len(rig.fleet.hosts["gpu-b"].paths) == 2
+    rig.clock.advance(2.0)
+    rig.client.flush()
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 6
+    assert len(rig.fleet.hosts["gpu-b"].paths) == 2
+    rig.poller.stopService()
+
+
+def test_a_restart_during_a_poll_drops_it_unrecorded_and_polls_anew() -> None:
+    rig = make_rig("gpu-a", timeout=60.0)
+    host = rig.fleet.hosts["gpu-a"]
+    host.hang = True
+    rig.poller.startService()
+    rig.client.flush()
+    rig.poller.set_hosts(rig.client, {}, restart=["gpu-a"])
+    rig.client.flush()
+    assert host.paths == [b"/health", b"/health"]
+    assert rig.state("gpu-a").state == "unknown"  # the dropped poll is no failure
+    host.hang = False
+    current = host.hanging[-1]
+    current.setResponseCode(200)
+    current.finish()
+    rig.client.flush()
+    assert rig.state("gpu-a").healthy
+    rig.clock.advance(5.0)
+    rig.client.flush()
+    assert host.paths == [b"/health", b"/health", b"/v1/models", b"/health", b"/v1/models"]
+    rig.poller.stopService()
+
+
+def test_a_re_addressed_host_is_polled_through_the_new_client() -> None:
+    rig = make_rig("gpu-a")
+    rig.poller.startService()
+    rig.client.flush()
+    moved = Fleet("gpu-a2")
+    client = StubTreq(moved)
+    rig.table.set_hosts({"gpu-a": "http://gpu-a2:8080"}, rig.table.settings, fresh=["gpu-a"])
+    rig.poller.set_hosts(client, {}, restart=["gpu-a"])
+    client.flush()
+    assert moved.hosts["gpu-a2"].paths == [b"/health", b"/v1/models"]
+    assert rig.state("gpu-a").healthy
+    assert len(rig.fleet.hosts["gpu-a"].paths) == 2  # the old address: not asked again
+    rig.poller.stopService()
+
+
+def test_new_keys_go_out_on_the_next_polls() -> None:
+    rig = make_rig("gpu-a", "gpu-b", keys={"gpu-a": KEY})
+    rig.poller.startService()
+    rig.client.flush()
+    new = Secret(b"sk-lab-new-1", "literal")
+    rig.poller.set_hosts(rig.client, {"gpu-b": new})
+    rig.clock.advance(5.0)
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-a"].authorization == [b"Bearer sk-lab-7f3a9c"] * 2 + [None] * 2
+    assert rig.fleet.hosts["gpu-b"].authorization == [None] * 2 + [b"Bearer sk-lab-new-1"] * 2
+    rig.poller.stopService()
+
+
+def test_set_hosts_on_a_stopped_poller_polls_nothing_until_it_starts() -> None:
+    rig = make_rig("gpu-a")
+    add_host(rig, "gpu-b")
+    rig.poller.set_hosts(rig.client, {"gpu-b": KEY})
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-b"].paths == []
+    rig.poller.startService()
+    rig.client.flush()
+    assert rig.fleet.hosts["gpu-b"].authorization == [b"Bearer sk-lab-7f3a9c"] * 2
+    assert rig.state("gpu-a").healthy
+    rig.poller.stopService()

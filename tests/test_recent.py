@@ -198,3 +198,49 @@ def test_turns_leave_the_window_after_five_minutes(clock: Clock) -> None:
     assert (recent.affinity("agents").turns, recent.affinity("agents").home_share) == (1, 1.0)
     clock.advance(300)
     assert recent.affinity("agents").turns == 0
+
+
+# -- a reload: set_hosts ------------------------------------------------------------------------
+
+
+def test_a_reload_keeps_the_window_of_hosts_that_stay(clock: Clock, recent: RecentTraffic) -> None:
+    recent.request_done(done("gpu-a", 200, 0.3))
+    recent.request_done(done("gpu-a", 502, None))
+    recent.request_done(done("gpu-b"))
+    recent.set_hosts(["gpu-c", "gpu-a"], [])
+    assert recent.hosts() == {
+        "gpu-c": HostRecent(0, 0, None),  # new: empty
+        "gpu-a": HostRecent(requests=2, errors=1, ttfb_p50=0.3),  # kept
+    }
+    recent.request_done(done("gpu-c", 200, 0.1))
+    recent.request_done(done("gpu-a", 200, 0.3))
+    assert recent.host("gpu-a").requests == 3
+    assert recent.host("gpu-c") == HostRecent(1, 0, 0.1)
+
+
+def test_a_removed_host_reads_empty_and_its_outcomes_add_nothing(
+    recent: RecentTraffic,
+) -> None:
+    recent.request_done(done("gpu-b"))
+    recent.set_hosts(["gpu-a"], [])
+    assert recent.host("gpu-b") == HostRecent()
+    recent.request_done(done("gpu-b"))  # its last request in flight ends
+    assert recent.host("gpu-b") == HostRecent()
+    assert list(recent.hosts()) == ["gpu-a"]
+    recent.set_hosts(["gpu-a", "gpu-b"], [])  # configured again: from nothing
+    assert recent.host("gpu-b") == HostRecent()
+
+
+def test_a_reload_keeps_the_turns_of_affinity_routes_that_stay(clock: Clock) -> None:
+    recent = RecentTraffic(["gpu-a"], clock, routes=["agents", "old"])
+    for affinity in ("new", "home", "moved"):
+        recent.request_done(turn("agents", affinity))
+    recent.request_done(turn("old", "home"))
+    recent.set_hosts(["gpu-a"], ["agents", "fresh"])
+    assert (recent.affinity("agents").turns, recent.affinity("agents").home) == (3, 2)
+    assert recent.affinity("fresh").turns == 0
+    assert recent.affinity("old").turns == 0  # removed: forgotten
+    recent.request_done(turn("old", "home"))
+    recent.request_done(turn("fresh", "moved"))
+    assert recent.affinity("old").turns == 0
+    assert (recent.affinity("fresh").turns, recent.affinity("fresh").moved) == (1, 1)

@@ -293,3 +293,118 @@ def test_readers_cannot_change_the_table() -> None:
     exported = got.to_json()
     exported["loaded"].append("zzz")
     assert get(table).loaded == ("m",)
+
+
+# -- a reload: set_hosts and remove ------------------------------------------------------------
+
+URL_A, URL_B, URL_C = "http://10.0.0.1:8080", "http://10.0.0.2:8080", "http://10.0.0.3:8080"
+
+
+def test_a_reload_keeps_the_state_of_a_host_that_stays() -> None:
+    table, _ = make_table()
+    table.record_ok("gpu-a", ["m1"], ["m1", "m2"])
+    before = get(table)
+    retuned = HostSettings(max_fails=4)
+    table.set_hosts({"gpu-a": URL_A, "gpu-b": URL_B}, {"gpu-a": retuned})
+    assert get(table) is before  # healthy, loaded, counters: all as they were
+    assert (get(table).state, get(table).loaded) == ("up", ("m1",))
+    assert table.settings == {"gpu-a": retuned, "gpu-b": HostSettings()}
+
+
+def test_a_new_host_starts_unknown_and_the_live_view_shows_it() -> None:
+    table, _ = make_table()
+    view = table.view
+    table.set_hosts({"gpu-a": URL_A, "gpu-b": URL_B, "gpu-c": URL_C}, {})
+    assert table.view is view
+    assert list(view) == ["gpu-a", "gpu-b", "gpu-c"]
+    assert view["gpu-c"] == HostState(name="gpu-c", url=URL_C)
+    assert view["gpu-c"].state == "unknown"
+    assert table.names == ["gpu-a", "gpu-b", "gpu-c"]
+    table.record_ok("gpu-c", ["m9"], ["m9"])
+    assert view["gpu-c"].state == "up" and table.knows("m9")
+
+
+@pytest.mark.parametrize(
+    ("urls", "fresh"),
+    [({"gpu-a": "http://10.0.0.99:8080"}, ()), ({"gpu-a": URL_A}, ("gpu-a",))],
+    ids=["new url", "fresh"],
+)
+def test_a_host_at_a_new_address_starts_unknown(
+    urls: dict[str, str], fresh: tuple[str, ...]
+) -> None:
+    table, _ = make_table()
+    table.record_ok("gpu-a", ["m1"], ["m1"])
+    table.record_ok("gpu-b", ["m2"], ["m2"])
+    table.set_hosts({**urls, "gpu-b": URL_B}, {}, fresh=fresh)
+    assert get(table) == HostState(name="gpu-a", url=urls["gpu-a"])
+    assert get(table).state == "unknown"
+    assert get(table, "gpu-b").state == "up"  # the other one untouched
+    assert not table.knows("m1")  # what the old address had is not assumed
+    assert table.knows("m2")
+
+
+def test_a_host_left_out_and_not_kept_is_gone() -> None:
+    table, _ = make_table()
+    view = table.view
+    table.record_ok("gpu-b", ["m2"], ["m2", "m3"])
+    table.record_ok("gpu-a", ["m1"], ["m1", "m3"])
+    table.set_hosts({"gpu-a": URL_A}, {})
+    assert table.get("gpu-b") is None
+    assert table.names == ["gpu-a"] and list(view) == ["gpu-a"]
+    assert "gpu-b" not in table.settings
+    assert not table.knows("m2")
+    assert table.knows("m1") and table.knows("m3")  # gpu-a lists m3 too
+
+
+def test_a_kept_host_stays_with_its_old_settings_until_removed() -> None:
+    own = HostSettings(max_fails=3)
+    table, _ = make_table(**{"gpu-b": own})
+    table.record_ok("gpu-b", ["m2"], ["m2"])
+    before = get(table, "gpu-b")
+    table.set_hosts({"gpu-a": URL_A}, {"gpu-a": HostSettings(max_fails=2)}, keep=["gpu-b"])
+    assert get(table, "gpu-b") is before
+    assert table.settings["gpu-b"] == own
+    assert table.knows("m2")
+    table.request_failed("gpu-b", "reset")  # its own max_fails still applies: 1 of 3
+    assert get(table, "gpu-b").healthy
+
+    table.remove("gpu-b")
+    assert table.get("gpu-b") is None
+    assert table.names == ["gpu-a"] and "gpu-b" not in table.settings
+    assert not table.knows("m2")
+
+
+def test_keep_names_only_hosts_the_table_had() -> None:
+    table, _ = make_table()
+    table.set_hosts({"gpu-a": URL_A}, {}, keep=["gpu-x"])
+    assert table.names == ["gpu-a"]
+
+
+def test_a_reload_tells_no_listener_and_later_changes_are_told() -> None:
+    table, _ = make_table()
+    seen: list[tuple[str, str, str]] = []
+    table.on_change(lambda old, new: seen.append((new.name, old.state, new.state)))
+    table.record_ok("gpu-a", [], [])
+    table.record_failure("gpu-b", "refused")
+    table.set_hosts({"gpu-a": "http://10.0.0.99:8080", "gpu-c": URL_C}, {})  # up -> unknown
+    table.remove("gpu-c")
+    assert seen == [("gpu-a", "unknown", "up"), ("gpu-b", "unknown", "down")]
+    table.record_failure("gpu-a", "refused")
+    assert seen[-1] == ("gpu-a", "unknown", "down")
+
+
+def test_remove_forgets_a_host_and_its_models() -> None:
+    table, _ = make_table()
+    view = table.view
+    table.record_ok("gpu-a", ["m1"], ["m1", "shared"])
+    table.record_ok("gpu-b", ["m2"], ["m2", "shared"])
+    table.remove("gpu-a")
+    assert table.get("gpu-a") is None and "gpu-a" not in view
+    assert table.names == ["gpu-b"]
+    assert table.settings == {"gpu-b": HostSettings()}
+    assert not table.knows("m1")
+    assert table.knows("shared") and table.knows("m2")
+    table.record_ok("gpu-a", ["m1"], ["m1"])  # a late poll of it is ignored
+    assert table.get("gpu-a") is None and not table.knows("m1")
+    table.remove("gpu-a")  # twice: nothing
+    assert table.names == ["gpu-b"]

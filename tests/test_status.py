@@ -183,6 +183,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
         "version": __version__,
         "uptime_seconds": 3.6,
         "config": "lab.yaml",
+        "reloads": None,  # built without a service: no reload history
         "worker": None,
         "hosts": {
             "gpu-a": {

@@ -62,3 +62,82 @@ def test_outcome_is_frozen() -> None:
         "model": None,
         "affinity": None,
     }
+
+
+# -- a reload: set_hosts ------------------------------------------------------------------------
+
+
+class Gone:
+    """Records each ``gone(name)`` call."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __call__(self, name: str) -> None:
+        self.names.append(name)
+
+
+def test_a_removed_idle_host_is_dropped_at_once() -> None:
+    traffic = Traffic(["gpu-a", "gpu-b"], ["chat"])
+    gone = Gone()
+    traffic.move(None, "gpu-a")
+    left = traffic.set_hosts(["gpu-a"], ["chat"], {}, gone)
+    assert left == []
+    assert traffic.in_flight == {"gpu-a": 1}  # the host that stays keeps its count
+    assert traffic.leaving == {}
+    assert gone.names == []  # dropped here, not told later
+
+
+def test_a_removed_busy_host_counts_until_its_last_request_ends() -> None:
+    traffic = Traffic(["gpu-a", "gpu-b"], ["chat"])
+    gone = Gone()
+    traffic.move(None, "gpu-b")
+    traffic.move(None, "gpu-b")
+    left = traffic.set_hosts(["gpu-a", "gpu-c"], ["chat"], {}, gone)
+    assert left == ["gpu-b"]
+    assert traffic.in_flight == {"gpu-a": 0, "gpu-b": 2, "gpu-c": 0}
+    assert list(traffic.leaving) == ["gpu-b"]
+    traffic.move("gpu-b", None)
+    assert traffic.in_flight["gpu-b"] == 1 and gone.names == []
+    traffic.move("gpu-b", None)
+    assert gone.names == ["gpu-b"]
+    assert traffic.in_flight == {"gpu-a": 0, "gpu-c": 0}
+    assert traffic.leaving == {}
+
+
+def test_a_request_failing_over_off_a_leaving_host_ends_it_there() -> None:
+    traffic = Traffic(["gpu-a", "gpu-b"], ["chat"])
+    gone = Gone()
+    traffic.move(None, "gpu-b")
+    traffic.set_hosts(["gpu-a"], ["chat"], {}, gone)
+    traffic.move("gpu-b", "gpu-a")
+    assert gone.names == ["gpu-b"]
+    assert traffic.in_flight == {"gpu-a": 1}
+
+
+def test_a_leaving_host_configured_again_stays_and_is_never_gone() -> None:
+    traffic = Traffic(["gpu-a", "gpu-b"], ["chat"])
+    gone = Gone()
+    traffic.move(None, "gpu-b")
+    assert traffic.set_hosts(["gpu-a"], ["chat"], {}, gone) == ["gpu-b"]
+    assert traffic.set_hosts(["gpu-a", "gpu-b"], ["chat"], {}, gone) == []
+    assert traffic.leaving == {}
+    assert traffic.in_flight == {"gpu-a": 0, "gpu-b": 1}  # its request still counted
+    traffic.move("gpu-b", None)
+    assert gone.names == []
+    assert traffic.in_flight == {"gpu-a": 0, "gpu-b": 0}
+
+
+def test_the_routes_turns_follow_a_reload() -> None:
+    traffic = Traffic(["gpu-a"], ["chat", "code", "old"])
+    traffic.turns["chat"] = 7
+    traffic.turns["old"] = 3
+    traffic.set_hosts(["gpu-a"], ["chat", "new", "code"], {}, Gone())
+    assert traffic.turns == {"chat": 7, "code": 0, "new": 0}
+
+
+def test_a_reload_gives_the_hosts_slots_to_the_conversations() -> None:
+    traffic = Traffic(["gpu-a", "gpu-b"], ["chat"], {"gpu-a": 2})
+    traffic.set_hosts(["gpu-a", "gpu-b"], ["chat"], {"gpu-b": 4}, Gone())
+    assert traffic.conversations.slots == {"gpu-b": 4}
+    assert traffic.conversations.has_room("gpu-a", 0.0)

@@ -1175,3 +1175,121 @@ async def test_after_close_a_finished_connection_is_not_kept(rig: Rig) -> None:
     (await guard(d)).deliverBody(reader)
     assert (await reader.ended()).check(ResponseDone) and reader.data == b"last"
     await guard(connection.closed)
+
+
+# -- a reload: hosts kept, re-addressed, added and dropped ---------------------------------------
+async def fetch_from(pool: Upstreams, name: str) -> Body:
+    _, body, reason = await finish(pool.request(name, b"GET", b"/", b"", None))
+    assert reason.check(ResponseDone)
+    return body
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_kept_by_a_reload_keeps_its_idle_connection(rig: Rig) -> None:
+    """A reload that leaves a host as it was (a new connect timeout, a host added beside
+    it) does not cost it its kept-alive connection: the next request goes on it."""
+    host = rig.host(answers(OK))
+    other = rig.host(answers(ok(b"new")))
+    pool = rig.upstreams(host.url)
+    await fetch(pool)
+    pool.set_hosts({H: host.url, "gpu-b": other.url}, {H: 9.0, "gpu-b": 2.0})
+    _, body, reason = await fetch(pool)
+    assert body.data == b"ok" and reason.check(ResponseDone)
+    assert len(host.connections) == 1
+    assert len(host.connections[0].requests) == 2
+    _, body, reason = await finish(pool.request("gpu-b", b"GET", b"/", b"", None))
+    assert body.data == b"new" and reason.check(ResponseDone)  # the host added is asked
+    assert len(other.connections) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_re_addressed_host_closes_its_idle_connections(rig: Rig) -> None:
+    """The same name at a new address: what is kept for the old one is closed, and the
+    next request goes to the new address."""
+    old = rig.host(answers(OK))
+    new = rig.host(answers(ok(b"new")))
+    pool = rig.upstreams(old.url)
+    await fetch(pool)
+    kept = old.connections[0]
+    pool.set_hosts({H: new.url}, {H: 2.0}, fresh=[H])
+    await guard(kept.closed)
+    _, body, _ = await fetch(pool)
+    assert body.data == b"new"
+    assert len(old.connections) == 1 and len(new.connections) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_re_addressed_host_at_the_same_url_gets_new_connections(rig: Rig) -> None:
+    """``fresh`` with the URL unchanged (a new CA): the kept connection is not reused."""
+    host = rig.host(answers(OK))
+    pool = rig.upstreams(host.url)
+    await fetch(pool)
+    pool.set_hosts({H: host.url}, {H: 2.0}, fresh=[H])
+    await guard(host.connections[0].closed)
+    await fetch(pool)
+    assert len(host.connections) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_under_way_when_its_host_moves_ends_then_its_connection_closes(
+    rig: Rig,
+) -> None:
+    """The request in flight finishes untouched; its connection, to the old address, is
+    closed when the answer ends instead of being kept."""
+    old, pool, connection, d = await rig.asked()
+    new = rig.host(answers(ok(b"new")))
+    pool.set_hosts({H: new.url}, {H: 2.0}, fresh=[H])
+    connection.write(ok(b"last"))
+    _, body, reason = await finish(d)
+    assert body.data == b"last" and reason.check(ResponseDone)
+    await guard(connection.closed)
+    _, body, _ = await fetch(pool)
+    assert body.data == b"new"
+    assert len(old.connections) == 1
+
+
+@pytest.mark.parametrize("how", ["left out", "drop"])
+@pytest_twisted.ensureDeferred
+async def test_a_dropped_host_closes_its_connections(rig: Rig, how: str) -> None:
+    """A host that left the config: its idle connection is closed at once, one still
+    answering when its answer ends; a host that stays is untouched."""
+    host = rig.host()
+    other = rig.host(answers(OK))
+    pool = Upstreams(rig.reactor, {H: host.url, "gpu-b": other.url}, {H: 2.0, "gpu-b": 2.0})
+    rig.pools.append(pool)
+    first = pool.request(H, b"GET", b"/1", b"", None)
+    second = pool.request(H, b"GET", b"/2", b"", None)
+    (idle, _), (busy, _) = await host.next(), await host.next()
+    idle.write(OK)
+    await finish(first)
+    await finish(pool.request("gpu-b", b"GET", b"/", b"", None))
+    if how == "drop":
+        pool.drop(H)
+    else:
+        pool.set_hosts({"gpu-b": other.url}, {"gpu-b": 2.0})
+    await guard(idle.closed)
+    assert busy.open
+    busy.write(ok(b"last"))
+    _, body, reason = await finish(second)
+    assert body.data == b"last" and reason.check(ResponseDone)
+    await guard(busy.closed)
+    await fetch_from(pool, "gpu-b")
+    assert len(other.connections) == 1 and other.connections[0].open
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_kept_while_it_finishes_still_pools_then_drop_closes(rig: Rig) -> None:
+    """A host left out of the config but ``keep``: it still carries requests, so their
+    connections are pooled as before, until :meth:`Upstreams.drop`."""
+    host, pool, connection, d = await rig.asked()
+    other = rig.host(answers(OK))
+    pool.set_hosts({"gpu-b": other.url}, {"gpu-b": 2.0}, keep=[H])
+    connection.write(OK)
+    await finish(d)
+    host.handler = answers(ok(b"again"))
+    body = await fetch_from(pool, H)  # its next request goes on the kept connection
+    assert body.data == b"again"
+    assert len(connection.requests) == 2
+    pool.drop(H)
+    await guard(connection.closed)
+    assert len(host.connections) == 1

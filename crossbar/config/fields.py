@@ -154,7 +154,7 @@ def tcp_address(listen: str) -> tuple[str, int, int]:
     """``(interface, port, backlog)`` of a plain ``tcp:`` endpoint description."""
     match = _TCP.fullmatch(listen)
     if match is None:
-        raise ValueError(f"workers need a TCP listen address, not {listen!r}")
+        raise ValueError(f"workers and listen_reuse_port need a plain tcp: port, not {listen!r}")
     parts = _UNESCAPED_COLON.split(match.group(2))
     options = dict(part.replace("\\:", ":").split("=", 1) for part in parts if part)
     unknown = set(options) - {"interface", "backlog"}
@@ -162,6 +162,13 @@ def tcp_address(listen: str) -> tuple[str, int, int]:
         raise ValueError(f"workers cannot use {', '.join(sorted(unknown))} in {listen!r}")
     backlog = int(options.get("backlog", LISTEN_BACKLOG))
     return options.get("interface", ""), int(match.group(1)), backlog
+
+
+def parse_flag(value: object) -> bool:
+    """``true`` or ``false``, nothing else: a quoted ``"false"`` would read as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, not {value!r}")
+    return value
 
 
 def parse_workers(value: object) -> int:
@@ -213,3 +220,8 @@ def _endpoint_problem(e: Exception) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"cannot read {e.filename}: {(e.strerror or str(e)).lower()}"
     return f"not an endpoint: {text.splitlines()[0] if text else type(e).__name__}"
+
+
+def shown_listen(listen: str) -> str:
+    """A listen endpoint as an admin wrote it: without the backlog crossbar adds."""
+    return listen.replace(f":backlog={LISTEN_BACKLOG}", "")

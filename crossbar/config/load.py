@@ -20,6 +20,7 @@ from crossbar.config.fields import (
     SETTING_PARSERS,
     parse_count,
     parse_duration,
+    parse_flag,
     parse_listen,
     parse_networks,
     parse_size,
@@ -58,7 +59,7 @@ _LIMIT_PARSERS: dict[str, Any] = {
 }
 _TOP_KEYS = (
     {"listen", "workers", "hosts", "routes", "api_keys", "status_keys", "status_listen"}
-    | {"trusted_proxies", "drain_timeout", "log_format"}
+    | {"trusted_proxies", "drain_timeout", "log_format", "listen_reuse_port"}
     | set(_LIMIT_PARSERS)
     | SETTING_KEYS
 )
@@ -156,14 +157,16 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
     }
     listen = r.convert("listen", parse_listen, top.get("listen", 7777))
     workers = r.convert("workers", parse_workers, top.get("workers", 1))
-    if workers > 1:
+    reuse_port = r.convert("listen_reuse_port", parse_flag, top.get("listen_reuse_port", False))
+    shared = workers > 1 or reuse_port  # SO_REUSEPORT: crossbar opens the TCP port itself
+    if shared:
         r.convert("listen", tcp_address, listen)
     status_listen = None
     if top.get("status_listen") is not None:
         status_listen = r.convert("status_listen", parse_listen, top["status_listen"])
         if status_listen == listen:
             raise r.fail("status_listen", "must differ from listen")
-        if workers > 1:
+        if shared:
             r.convert("status_listen", tcp_address, status_listen)
     limits = Limits(
         **{
@@ -176,6 +179,7 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
         raise r.fail("max_body", "must not be more than max_body_memory")
     return Config(
         listen=listen,
+        listen_reuse_port=reuse_port,
         workers=workers,
         hosts=hosts,
         routes=routes,

@@ -19,9 +19,9 @@ Policy = Literal["priority", "round_robin", "least_busy", "cache_affinity"]
 WhenAllDown = Literal["fail", "try_all"]
 """What a route does when none of its hosts is healthy."""
 ListModels = Literal["forwarded", "merged"]
-
-LogFormat = Literal["text", "json"]
 """Who answers ``GET /<route>/v1/models``: the chosen host, or crossbar for all of them."""
+LogFormat = Literal["text", "json"]
+"""crossbar's own log lines as text, or one JSON object each."""
 LIST_MODELS: tuple[str, ...] = get_args(ListModels)
 POLICIES: tuple[str, ...] = get_args(Policy)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
@@ -131,6 +131,9 @@ class Config:
     defaults: HostSettings = HostSettings()
     source: str = "crossbar.yaml"
     workers: int = 1
+    listen_reuse_port: bool = False
+    """Bind ``listen`` (and ``status_listen``) with ``SO_REUSEPORT``, so that a new crossbar
+    can open the same port while this one drains (an upgrade with no refused connection)."""
     """Processes sharing the listening port (each with its own health table)."""
     limits: Limits = Limits()
     status_keys: tuple[Secret, ...] = ()

@@ -27,6 +27,7 @@ def effective(config: Config) -> dict[str, Any]:
     """Plain data in crossbar.yaml's shape: every key, every default, no key's value."""
     return {
         "listen": config.listen,
+        "listen_reuse_port": config.listen_reuse_port,
         "workers": config.workers,
         "status_listen": config.status_listen,
         "status_keys": [_masked(key) for key in config.status_keys],

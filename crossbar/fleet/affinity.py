@@ -125,9 +125,16 @@ class _LiveCounts:
     def add(self, now: int) -> None:
         """One more conversation's last turn at tick ``now`` (the latest)."""
         self.at(now)
-        i = now % _BUCKETS
-        if self.ticks[i] != now:
-            self.ticks[i], self.counts[i] = now, 0
+        self.add_at(now)
+
+    def add_at(self, tick: int) -> None:
+        """One more conversation whose last turn was at ``tick`` (any order)."""
+        i = tick % _BUCKETS
+        if tick <= self.now - _BUCKETS or self.ticks[i] > tick:
+            return  # out of the window already
+        if self.ticks[i] != tick:
+            self.total -= self.counts[i]  # an older tick's count, not yet dropped by at()
+            self.ticks[i], self.counts[i] = tick, 0
         self.counts[i] += 1
         self.total += 1
 
@@ -155,6 +162,16 @@ class Conversations:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def set_slots(self, slots: Mapping[str, int]) -> None:
+        """A reloaded config's ``slots``: the live conversations of each host that has
+        them are counted again from the table, so a host given slots starts right."""
+        self.slots = dict(slots)
+        self._live = {host: _LiveCounts() for host in self.slots}
+        for entry in self._entries.values():
+            counts = self._live.get(entry.host)
+            if counts is not None:
+                counts.add_at(entry.tick)
 
     def host_of(self, key: bytes) -> str | None:
         """Where the conversation's last turn went, if this crossbar placed it."""

@@ -80,7 +80,9 @@ def choose_for_route(
         exclude=exclude,
     )
     if host is None and route.when_all_down == "try_all":
-        host = next((h for h in route.hosts if h not in exclude), None)
+        # Only hosts still in the table: a route of the config before a reload may name
+        # one that is gone.
+        host = next((h for h in route.hosts if h not in exclude and h in states), None)
     return host
 
 

@@ -9,7 +9,7 @@ with an ``api_key`` gets it on every poll (``llama-server --api-key`` refuses
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import treq
@@ -110,6 +110,12 @@ def discard(response: IResponse) -> None:
     watched.stop()
 
 
+def _authorization(keys: Mapping[str, Secret] | None) -> dict[str, _Headers]:
+    return {
+        name: {b"Authorization": [b"Bearer " + key.value]} for name, key in (keys or {}).items()
+    }
+
+
 class PollError(Exception):
     """A poll failed; ``str()`` is the ``last_err`` text."""
 
@@ -133,9 +139,7 @@ class Poller(Service):
         self.table = table
         self._client = client
         self._clock = clock
-        self._headers: dict[str, _Headers] = {
-            name: {b"Authorization": [b"Bearer " + key.value]} for name, key in (keys or {}).items()
-        }
+        self._headers = _authorization(keys)
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -144,10 +148,40 @@ class Poller(Service):
         super().startService()
         self._stopping = False
         for name in self.table.names:
-            loop = LoopingCall(self.tick, name)
-            loop.clock = self._clock
-            self._loops[name] = loop
-            loop.start(self.table.settings[name].poll_interval, now=True)
+            self._watch(name)
+
+    def set_hosts(
+        self, client: _HTTPGetter, keys: Mapping[str, Secret], restart: Iterable[str] = ()
+    ) -> None:
+        """Follow the table after a reload: ``client`` knows the hosts' new addresses;
+        hosts new to the table are polled at once, those in ``restart`` (a new address or
+        poll interval) too, on a new loop, and those gone from it are no longer polled
+        (a poll of theirs under way is dropped unrecorded)."""
+        self._client = client
+        self._headers = _authorization(keys)
+        if not self.running:
+            return
+        names = set(self.table.names)
+        for name in [n for n in self._loops if n not in names or n in restart]:
+            self.forget(name)
+        for name in self.table.names:
+            if name not in self._loops:
+                self._watch(name)
+
+    def forget(self, name: str) -> None:
+        """Stop polling a host; a poll of it under way is cancelled and not recorded."""
+        loop = self._loops.pop(name, None)
+        if loop is not None and loop.running:
+            loop.stop()
+        running = self._running.pop(name, None)
+        if running is not None:
+            running.cancel()
+
+    def _watch(self, name: str) -> None:
+        loop = LoopingCall(self.tick, name)
+        loop.clock = self._clock
+        self._loops[name] = loop
+        loop.start(self.table.settings[name].poll_interval, now=True)
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
@@ -192,7 +226,7 @@ class Poller(Service):
             except ValueError as e:
                 raise PollError(f"models: bad answer: {e}") from None
         except CancelledError:
-            if self._stopping:
+            if self._stopping or name not in self._loops:  # stopping, or forgotten
                 return
             self.table.record_failure(name, "poll cancelled")
         except PollError as e:

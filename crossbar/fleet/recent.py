@@ -97,9 +97,19 @@ class RecentTraffic:
 
     def __init__(self, hosts: Iterable[str], clock: Clock, routes: Iterable[str] = ()) -> None:
         self._clock = clock
-        # Fixed at start: an outcome naming any other host (or none) adds nothing.
+        # Fixed until a reload: an outcome naming any other host (or none) adds nothing.
         self._rings = {name: [_Bucket() for _ in range(BUCKETS)] for name in hosts}
         self._turns = {name: [_Turns() for _ in range(BUCKETS)] for name in routes}
+
+    def set_hosts(self, hosts: Iterable[str], routes: Iterable[str]) -> None:
+        """A reloaded config's hosts and ``cache_affinity`` routes: those that stay keep
+        their window, new ones start empty, the others are forgotten."""
+        self._rings = {
+            name: self._rings.get(name) or [_Bucket() for _ in range(BUCKETS)] for name in hosts
+        }
+        self._turns = {
+            name: self._turns.get(name) or [_Turns() for _ in range(BUCKETS)] for name in routes
+        }
 
     def request_done(self, outcome: Outcome) -> None:
         """Count one ended request; on every request's path, so nothing here sorts."""

@@ -82,6 +82,40 @@ class HealthTable:
         self._listeners: list[Callable[[HostState, HostState], None]] = []
         self._models: frozenset[str] = frozenset()
 
+    def set_hosts(
+        self,
+        hosts: Mapping[str, str],
+        settings: Mapping[str, HostSettings],
+        fresh: Iterable[str] = (),
+        keep: Iterable[str] = (),
+    ) -> None:
+        """Take a reloaded config's hosts. A host that stays keeps its state; a new one,
+        or one in ``fresh`` (a new address under an old name), starts ``unknown``. Hosts
+        in ``keep`` are no longer configured but still carry requests: they stay, with
+        their settings, until :meth:`remove`. No listener is told: nothing was observed."""
+        fresh = set(fresh)
+        states = {}
+        for name, url in hosts.items():
+            old = self._states.get(name)
+            keeps = old is not None and old.url == url and name not in fresh
+            states[name] = old if keeps and old is not None else HostState(name=name, url=url)
+        default = HostSettings()
+        new_settings = {name: settings.get(name, default) for name in hosts}
+        for name in keep:
+            if name in self._states and name not in hosts:
+                states[name] = self._states[name]
+                new_settings[name] = self.settings[name]
+        self._states.clear()  # in place: the live view stays valid
+        self._states.update(states)
+        self.settings = new_settings
+        self._models = frozenset().union(*(s.known for s in states.values()))
+
+    def remove(self, name: str) -> None:
+        """Forget a host that has left the config and carries no more requests."""
+        self._states.pop(name, None)
+        self.settings = {n: s for n, s in self.settings.items() if n != name}
+        self._models = frozenset().union(*(s.known for s in self._states.values()))
+
     @property
     def names(self) -> list[str]:
         return list(self._states)

@@ -24,6 +24,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from crossbar import __version__
 from crossbar.config import Config, RouteConfig
+from crossbar.config.changes import Reloaded, Reloads
 from crossbar.fleet import (
     HealthTable,
     HostState,
@@ -55,6 +56,8 @@ class StatusApp:
         *,
         recent: RecentTraffic,
         worker: WorkerInfo | None = None,
+        reloads: Reloads | None = None,
+        reload: Callable[[], Reloaded] | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -65,9 +68,12 @@ class StatusApp:
         """With several workers: every worker's metrics, labelled by worker."""
         self.recent = recent
         self.about = About(__version__, clock.seconds(), config.source, worker)
+        """Built with the service, so ``started`` is when this crossbar started."""
         self.draining = False
         """Crossbar is stopping: readyz says 503 so that a balancer sends elsewhere."""
-        """Built with the service, so ``started`` is when this crossbar started."""
+        self.reloads = reloads
+        self.reload = reload
+        """Reloads the config (``None``: there is no file to read, as in a demo)."""
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -121,6 +127,7 @@ class StatusApp:
             "version": about.version,
             "uptime_seconds": round(now - about.started, 3),
             "config": about.source,
+            "reloads": None if self.reloads is None else self.reloads.to_json(),
             "worker": None if worker is None else {"index": worker.index, "count": worker.count},
             "hosts": {name: self.host_json(state) for name, state in states.items()},
             "routes": {
@@ -154,6 +161,7 @@ class StatusApp:
             recent=self.recent.hosts(),
             affinity=self.affinity(),
             base=base_url(request),
+            reloads=self.reloads,
         )
 
     @app.route("/status", methods=["GET"])
@@ -176,6 +184,24 @@ class StatusApp:
             return self.metrics.render()
         return self.gather_metrics()
 
+    @app.route("/reload", methods=["POST"])
+    def reload_config(self, request: IRequest) -> bytes:
+        """Reload the config, as SIGHUP does. Only where the pages are an admin's: behind
+        ``status_keys``, or on ``status_listen``, a port of their own."""
+        if self.reload is None:
+            request.setResponseCode(409)
+            return _json(request, {"error": "no config file to reload"})
+        if not (self.config.status_keys or self.config.status_listen):
+            request.setResponseCode(403)
+            return _json(request, {"error": "reload over HTTP needs status_keys or status_listen"})
+        result = self.reload()
+        if not result.ok:
+            request.setResponseCode(409 if result.conflict else 400)
+            return _json(request, {"error": "reload refused", "reason": result.message})
+        return _json(
+            request, {"reloaded": True, "changes": result.message, "ignored": list(result.ignored)}
+        )
+
     @app.route("/livez", methods=["GET"])
     def livez(self, request: IRequest) -> bytes:
         return _json(request, {"live": True})
@@ -197,7 +223,8 @@ class StatusApp:
     @app.handle_errors(MethodNotAllowed)
     def not_allowed(self, request: IRequest, failure: Failure) -> bytes:
         request.setResponseCode(405)
-        request.setHeader(b"allow", b"GET, HEAD")
+        allowed = b"POST" if request.path.endswith(b"/reload") else b"GET, HEAD"
+        request.setHeader(b"allow", allowed)
         return _json(request, {"error": "method not allowed"})
 
 

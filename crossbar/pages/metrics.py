@@ -23,6 +23,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from crossbar.config.changes import Reloads
 from crossbar.fleet import HealthTable, Outcome, Traffic
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
@@ -124,6 +125,30 @@ class _ConnectionsCollector:
         return [refused, open_now, requests]
 
 
+class _ReloadsCollector:
+    """Reads the config's reloads when scraped."""
+
+    def __init__(self, reloads: Reloads) -> None:
+        self._reloads = reloads
+
+    def collect(self) -> Iterable[Metric]:
+        reloads = self._reloads
+        total = CounterMetricFamily(
+            "crossbar_config_reloads",
+            "Config reloads asked for (SIGHUP or POST /_crossbar/reload), by result: ok, or "
+            "refused (the config in force kept serving).",
+            labels=["result"],
+        )
+        total.add_metric(["ok"], reloads.ok)
+        total.add_metric(["refused"], reloads.refused)
+        loaded = GaugeMetricFamily(
+            "crossbar_config_loaded_timestamp_seconds",
+            "When the config in force was read, in seconds since the epoch.",
+            value=reloads.loaded_at,
+        )
+        return [total, loaded]
+
+
 class _Children:
     """The label children of one (route, host), resolved once and reused."""
 
@@ -187,6 +212,10 @@ class Metrics:
         """Publish the client connections of ``site`` (the main listener's), read when
         scraped."""
         self.registry.register(_ConnectionsCollector(site))
+
+    def count_reloads(self, reloads: Reloads) -> None:
+        """Publish the config's reloads, read when scraped."""
+        self.registry.register(_ReloadsCollector(reloads))
 
     def request_done(self, outcome: Outcome) -> None:
         """Count one ended request; on every request's path, so label lookups are cached."""

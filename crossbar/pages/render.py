@@ -17,6 +17,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer, tags
 
 from crossbar.config import DEMO_SOURCE, Config, RouteConfig
+from crossbar.config.changes import Reloads
 from crossbar.fleet import HostRecent, HostState, RouteAffinity, routes_down
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.peers import WorkerInfo
@@ -245,6 +246,7 @@ class StatusPage(Element):
     base: str = attrs.field(kw_only=True)
     affinity: Mapping[str, RouteAffinity] = attrs.field(kw_only=True, factory=dict)
     """Each ``cache_affinity`` route's turns over the recent window."""
+    reloads: Reloads | None = attrs.field(kw_only=True, default=None)
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -262,7 +264,23 @@ class StatusPage(Element):
         """Up how long, from which config, and which worker answered."""
         about = self.about
         up = _when(about.started, duration(self.now - about.started))
-        parts: list[Flattenable] = [["up ", up], ["config ", tags.code(about.source)]]
+        config: list[Flattenable] = ["config ", tags.code(about.source)]
+        parts: list[Flattenable] = [["up ", up], config]
+        reloads = self.reloads
+        if reloads is not None and reloads.ok:
+            loaded = _when(reloads.loaded_at, duration(self.now - reloads.loaded_at) + " ago")
+            config += [", reloaded ", loaded]
+        if reloads is not None and reloads.last_refused is not None:
+            when, reason = reloads.last_refused
+            parts.append(
+                tags.span(
+                    tags.span("reload refused", class_="mark down"),
+                    " ",
+                    _when(when, duration(self.now - when) + " ago"),
+                    ": ",
+                    reason,
+                )
+            )
         worker = about.worker
         if worker is not None and worker.count > 1:
             note = "workers are numbered from 0; each has its own table and counts"

@@ -36,6 +36,9 @@ Guard = Callable[[bytes, RawHeaders], Refusal | None]
 """A rule over a request's path (without query) and headers, applied when the head is
 complete: ``None`` lets it in."""
 
+SHUTTING_DOWN = Refusal(503, "shutting down", ((b"Retry-After", b"1"),), close=True)
+"""A request that arrives on an open connection while crossbar drains."""
+
 _METHODS = (b"GET", b"HEAD", b"POST", b"DELETE", b"OPTIONS")
 METHODS = frozenset(_METHODS)
 """What an OpenAI-style API and crossbar's pages are asked with; anything else is 405."""
@@ -131,6 +134,16 @@ def unreadable_page(path: bytes, hosts: Sequence[bytes] | None) -> Refusal | Non
             name.decode("utf-8").encode("idna")
         except UnicodeError:
             return BAD_HOST
+    return None
+
+
+def while_draining(heads: int, path: bytes) -> Refusal | None:
+    """A stopping crossbar still answers a connection's first request (``heads`` is 1:
+    its client connected before the port closed and has nowhere else to send it) and
+    the pages (readyz says it drains); a further request on a kept-alive connection, in
+    the race with its closing, is told to go elsewhere."""
+    if heads > 1 and not path.startswith(b"/_crossbar/"):
+        return SHUTTING_DOWN
     return None
 
 

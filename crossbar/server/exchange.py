@@ -171,7 +171,7 @@ class Exchange:
             self.model,
             self.proxy.table.view,
             traffic.in_flight,
-            traffic.turns[route.name],
+            traffic.turns.get(route.name, 0),  # a route reloaded away: no turns
             exclude=self.tried,
         )
         if host is not None and not self.tried and route.policy == "round_robin":

@@ -80,9 +80,20 @@ class Listener(Service):
         return self.close()
 
     def close(self) -> Deferred[None] | None:
-        """Stop accepting connections (those open stay); idempotent."""
+        """Stop accepting connections (those open stay); idempotent.
+
+        The connections the kernel has queued on the port are accepted first: closed
+        with the port they would be reset, and when another crossbar shares the port
+        (``listen_reuse_port``) their clients could have been served by either.
+        """
         port, self.port = self.port, None
-        return port.stopListening() if port is not None else None
+        if port is None:
+            return None
+        accept = getattr(port, "doRead", None)  # a TCP port (twisted.internet.tcp.Port)
+        if accept is not None:
+            for _ in range(4):
+                accept()  # up to its numberAccepts each time; at once when none is queued
+        return port.stopListening()
 
 
 @implementer(IStreamServerEndpoint)

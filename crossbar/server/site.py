@@ -104,6 +104,10 @@ class ProxyRequest(server.Request):
             refusal = door.unreadable_page(path, hosts)
         if refusal is None and site.guard is not None:
             refusal = site.guard(path, list(self.requestHeaders.getAllRawHeaders()))
+        if refusal is None and site.draining:
+            channel.persistent = False  # every answer while stopping closes its connection
+            self.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            refusal = door.while_draining(channel.heads, path)
         if refusal is None and length:
             refusal = site.hold(length)
             if refusal is None:
@@ -174,6 +178,8 @@ class Channel(ParserRefusals):
     _refused = False
     _host: Any = None
     _direct: Any = None
+    heads = 0
+    """Request heads received on this connection: none yet, it is fresh."""
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -212,6 +218,7 @@ class Channel(ParserRefusals):
     def allHeadersReceived(self) -> None:
         self._stop_deadline()
         self._in_body = True
+        self.heads += 1
         super().allHeadersReceived()
 
     def allContentReceived(self) -> None:
@@ -326,6 +333,8 @@ class Site(server.Site):
         self.proxy = proxy
         self.limits = limits
         self.guard = guard
+        self.draining = False
+        """Stopping: see :func:`crossbar.server.door.while_draining`."""
         self.channels: set[Channel] = set()
         """The client connections open now (closed one by one when crossbar stops)."""
         self.refused_connections = 0

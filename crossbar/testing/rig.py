@@ -26,6 +26,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IResponse
 
 from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
+from crossbar.config.changes import Reloaded
 from crossbar.fleet import HealthTable, HostState
 from crossbar.testing.logs import LogCapture
 from crossbar.testing.reader import Reader
@@ -71,6 +72,12 @@ class Rig:
     def base(self) -> str:
         """crossbar's URL, without a trailing slash: a route's API is ``base + "/lab/v1"``."""
         return f"http://127.0.0.1:{self.port}"
+
+    def reload(self, config: Config | Callable[[], Config]) -> Reloaded:
+        """Reload crossbar as SIGHUP does, with ``config`` (or what it returns or raises,
+        a :class:`~crossbar.config.ConfigError` say) as the file's new contents."""
+        self.crossbar.load = config if callable(config) else lambda: config
+        return self.crossbar.reload_everywhere()
 
     def state(self, name: str) -> HostState:
         """What crossbar's health table says of host ``name`` now."""

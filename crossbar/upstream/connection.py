@@ -153,6 +153,9 @@ class Connection(BodyProtocol):
     def __init__(self, owner: Owner, host: str) -> None:
         self.owner = owner
         self.host = host
+        self.origin: object = None
+        """The factory that made it: after a reload that gave its host a new address, a
+        connection to the old one is not pooled."""
         self.state = IDLE
         self.idle_since = 0.0
         self.reused = False
@@ -319,4 +322,6 @@ class ConnectionFactory(ClientFactory):
         self._host = host
 
     def buildProtocol(self, addr: Any) -> Connection:
-        return Connection(self._owner, self._host)
+        connection = Connection(self._owner, self._host)
+        connection.origin = self
+        return connection

@@ -10,7 +10,7 @@ one, never copied); the answer is read by :mod:`crossbar.upstream.connection`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from twisted.internet import error
@@ -125,20 +125,53 @@ class Upstreams:
         self._clock: IReactorTime = clock or reactor
         self._max_idle = max_idle
         self._idle_timeout = idle_timeout
+        self._reactor = reactor
         self._endpoints: dict[str, IStreamClientEndpoint] = {}
         self._factories: dict[str, ConnectionFactory] = {}
         self._prefix: dict[str, bytes] = {}
         self._host_line: dict[str, bytes] = {}
+        self._idle: dict[str, list[Connection]] = {}
+        self._sweep: Any = None
+        self._closed = False
+        self.set_hosts(urls, connect_timeouts, tls_cas)
+
+    def set_hosts(
+        self,
+        urls: Mapping[str, str],
+        connect_timeouts: Mapping[str, float],
+        tls_cas: Mapping[str, bytes] | None = None,
+        fresh: Iterable[str] = (),
+        keep: Iterable[str] = (),
+    ) -> None:
+        """Take a reloaded config's hosts. A host that stays keeps its idle connections
+        (a new connect timeout applies to new ones); one in ``fresh`` has a new address:
+        its idle connections are closed and those still answering are not pooled again.
+        Hosts in ``keep`` left the config but still carry requests (see :meth:`drop`)."""
+        fresh = set(fresh)
         for name, url in urls.items():
             ca = (tls_cas or {}).get(name)
-            target = endpoint_for(reactor, url, connect_timeouts.get(name, 5.0), ca)
+            target = endpoint_for(self._reactor, url, connect_timeouts.get(name, 5.0), ca)
             self._endpoints[name] = target.endpoint
             self._prefix[name] = target.path.rstrip(b"/")
             self._host_line[name] = b"Host: " + target.authority + b"\r\n"
-            self._factories[name] = ConnectionFactory(self, name)
-        self._idle: dict[str, list[Connection]] = {name: [] for name in urls}
-        self._sweep: Any = None
-        self._closed = False
+            if name in fresh or name not in self._factories:
+                if name in self._idle:
+                    self._expire(name, len(self._idle[name]))
+                self._factories[name] = ConnectionFactory(self, name)
+                self._idle[name] = []
+        for name in [n for n in self._factories if n not in urls and n not in keep]:
+            self.drop(name)
+
+    def drop(self, name: str) -> None:
+        """Forget a host that left the config: its idle connections are closed, and its
+        connections still answering are closed when their answer ends."""
+        if name in self._idle:
+            self._expire(name, len(self._idle[name]))
+        self._endpoints.pop(name, None)
+        self._factories.pop(name, None)
+        self._prefix.pop(name, None)
+        self._host_line.pop(name, None)
+        self._idle.pop(name, None)
 
     def request(
         self, host: str, method: bytes, path: bytes, headers: bytes, body: bytes | None
@@ -182,7 +215,10 @@ class Upstreams:
         """A connection whose answer is complete: keep it for the next request."""
         if connection.state != IDLE:
             return
-        idle = self._idle[connection.host]
+        idle = self._idle.get(connection.host)
+        if idle is None or connection.origin is not self._factories[connection.host]:
+            connection.abort()  # its host left the config or moved
+            return
         if len(idle) >= self._max_idle or self._closed:
             connection.abort()
             return
@@ -192,7 +228,7 @@ class Upstreams:
             self._sweep = self._clock.callLater(self._idle_timeout, self._swept)
 
     def forget(self, connection: Connection) -> None:
-        idle = self._idle[connection.host]
+        idle = self._idle.get(connection.host)
         if idle and connection in idle:
             idle.remove(connection)
 

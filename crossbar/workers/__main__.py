@@ -34,8 +34,11 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a
         print(f"crossbar: {e}", flush=True)
         raise SystemExit(2) from None
     info = WorkerInfo(args.index, args.count, args.run_dir)
-    crossbar = Crossbar(config, reactor, worker=info)
+    crossbar = Crossbar(config, reactor, worker=info, load=lambda: load_config(args.config))
     parent = os.getppid()
+
+    def reload(signum: int, frame: object) -> None:
+        reactor.callFromThread(crossbar.reload)  # type: ignore[attr-defined]
 
     def orphaned() -> None:
         if os.getppid() != parent:
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a
     reactor.callWhenRunning(watch.start, 1.0, now=False)  # type: ignore[attr-defined]
     reactor.addSystemEventTrigger("before", "shutdown", crossbar.stopService)  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to twistd, which stops us
+    signal.signal(signal.SIGHUP, reload)  # sent by worker 0, which reloads first
     reactor.run()  # type: ignore[attr-defined]
 
 

@@ -20,11 +20,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
 from twisted.internet.interfaces import (
     IDelayedCall,
     IProcessProtocol,
@@ -92,6 +93,20 @@ class WorkerProcesses(Service):
         super().stopService()
         self.monitor.stopService()
         return self._spawner.all_ended()
+
+    def reload(self) -> None:
+        """Ask every running worker to reload its config (SIGHUP), as worker 0 just did."""
+        for protocol in self.monitor.protocols.values():
+            transport = getattr(protocol, "transport", None)
+            # One that has just exited is being restarted and reads the new config.
+            with suppress(ProcessExitedAlready):
+                if transport is not None:
+                    transport.signalProcess("HUP")
+        others = len(self.monitor.protocols)
+        log.info(
+            "reload: asked {others}",
+            others=f"the {others} other workers" if others > 1 else "the other worker",
+        )
 
     def _ended(self, name: str, reason: Failure) -> None:
         """One line per end, in words; the back-off bounds how often it comes."""

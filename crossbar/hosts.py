@@ -1,0 +1,141 @@
+"""The hosts' machinery as one unit: the health table, its poller, the traffic counters,
+the connection pools and the recent window, built from a config and changed in place
+by a reload.
+
+A reload changes them together, so that they always name the same hosts: a host that
+stays keeps its state, counters and idle connections; a new one starts ``unknown`` and
+is polled at once; one that left the config but still carries requests stays (polled,
+never chosen, since no route names it) until its last request ends, and is then
+forgotten everywhere at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from treq.client import HTTPClient
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.logger import Logger
+from twisted.web.client import HTTPConnectionPool
+
+from crossbar.config import Config, HostConfig, Secret
+from crossbar.config.changes import Changes, moved
+from crossbar.fleet import HealthTable, HostState, Traffic
+from crossbar.fleet.poller import Poller
+from crossbar.fleet.recent import RecentTraffic
+from crossbar.upstream import Upstreams
+from crossbar.upstream.endpoints import make_agent, make_pool
+
+log = Logger()
+
+MAX_IDLE_PER_HOST = 64
+"""Idle upstream connections kept per host for the proxy."""
+
+
+def log_transition(old: HostState, new: HostState) -> None:
+    """One log line when a host changes state, not one per poll."""
+    if new.healthy:
+        log.info("host {name} is up", name=new.name, host_state="up")
+    else:
+        log.warn(
+            "host {name} is down: {reason}", name=new.name, reason=new.last_err, host_state="down"
+        )
+
+
+class Hosts:
+    """Everything crossbar keeps per host; :attr:`poller` and :attr:`closer` are the
+    services to start and stop with crossbar."""
+
+    def __init__(self, config: Config, reactor: Any) -> None:
+        self._reactor = reactor
+        self._configured: dict[str, HostConfig] = dict(config.hosts)
+        """The hosts of every config since start that are still in the table."""
+        settings = config.settings
+        self.table = HealthTable(config.urls, reactor, settings)
+        self.table.on_change(log_transition)
+        self.traffic = Traffic(config.hosts, config.routes, _slots(config))
+        self._poll_pool = make_pool(reactor, per_host=1)
+        self.client = self._poll_client(config.hosts)
+        self.poller = Poller(self.table, self.client, reactor, keys=_keys(config.hosts))
+        connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
+        self.upstreams = Upstreams(
+            reactor,
+            config.urls,
+            connect_timeouts,
+            max_idle=MAX_IDLE_PER_HOST,
+            tls_cas=_cas(config.hosts),
+        )
+        self.recent = RecentTraffic(config.hosts, reactor, _affine(config))
+        self.closer = _ClosePools(self._poll_pool, self.upstreams)
+
+    def apply(self, changes: Changes) -> list[str]:
+        """Take the hosts and routes of a reloaded config; returns the hosts that left
+        the config but finish their requests first."""
+        config = changes.config
+        # A new address under a known name, including a name that left the config and
+        # comes back before its last request ended: a new host.
+        known = self._configured
+        fresh = [n for n, h in config.hosts.items() if n in known and moved(known[n], h)]
+        leaving = self.traffic.set_hosts(config.hosts, config.routes, _slots(config), self._gone)
+        hosts = {**{n: known[n] for n in leaving}, **config.hosts}
+        self._configured = hosts
+        self.table.set_hosts(config.urls, config.settings, fresh=fresh, keep=leaving)
+        settings = self.table.settings
+        self.upstreams.set_hosts(
+            {name: host.url for name, host in hosts.items()},
+            {name: settings[name].connect_timeout for name in hosts},
+            _cas(hosts),
+            fresh=fresh,
+            keep=leaving,
+        )
+        self.client = self._poll_client(hosts)
+        restart = (*fresh, *changes.hosts_retuned)
+        self.poller.set_hosts(self.client, _keys(hosts), restart=restart)
+        self.recent.set_hosts(config.hosts, _affine(config))
+        return leaving
+
+    def _gone(self, name: str) -> None:
+        """A host that left the config has ended its last request: forget it."""
+        self._configured.pop(name, None)
+        self.poller.forget(name)
+        self.table.remove(name)
+        self.upstreams.drop(name)
+        log.info("host {name} removed: its last request has ended", name=name)
+
+    def _poll_client(self, hosts: Mapping[str, HostConfig]) -> HTTPClient:
+        """treq for the polls, with each host's poll timeout and own CA."""
+        settings = self.table.settings
+        timeouts = {name: settings[name].poll_timeout for name in hosts}
+        urls = {name: host.url for name, host in hosts.items()}
+        agent = make_agent(self._reactor, self._poll_pool, urls, timeouts, tls_cas=_cas(hosts))
+        return HTTPClient(agent)
+
+
+class _ClosePools(Service):
+    """Drops kept-alive upstream connections when crossbar stops."""
+
+    def __init__(self, polls: HTTPConnectionPool, upstreams: Upstreams) -> None:
+        self._polls = polls
+        self._upstreams = upstreams
+
+    def stopService(self) -> Deferred[Any]:
+        super().stopService()
+        return DeferredList([self._polls.closeCachedConnections(), self._upstreams.close()])
+
+
+def _slots(config: Config) -> dict[str, int]:
+    return {name: h.slots for name, h in config.hosts.items() if h.slots is not None}
+
+
+def _cas(hosts: Mapping[str, HostConfig]) -> dict[str, bytes]:
+    return {name: h.tls_ca for name, h in hosts.items() if h.tls_ca}
+
+
+def _keys(hosts: Mapping[str, HostConfig]) -> dict[str, Secret]:
+    return {name: h.api_key for name, h in hosts.items() if h.api_key}
+
+
+def _affine(config: Config) -> Iterable[str]:
+    return [name for name, r in config.routes.items() if r.policy == "cache_affinity"]
