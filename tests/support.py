@@ -1,5 +1,6 @@
 """Helpers only crossbar's own tests need: crossbar and llama-server as real processes
-(``twistd``), their memory, a port that never accepts, hand-written requests.
+(``twistd``), their memory, a port that never accepts, hand-written requests, npm packages
+(the clients the tests run) installed once into a cache.
 
 The helpers anyone testing against crossbar may want (the in-process rig, the streaming
 reader, log capture, bounded waits) are public in :mod:`crossbar.testing`; they are
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from shutil import which
@@ -62,6 +65,7 @@ __all__ = [
     "free_port",
     "guard",
     "header",
+    "http_status",
     "memory",
     "raw_request",
     "rigs",
@@ -155,6 +159,18 @@ def accepts(port: int) -> bool:
     return True
 
 
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status of a GET, or None when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (OSError, ValueError):
+        return None
+
+
 def memory(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM of a process, in KiB (Linux ``/proc``)."""
     figures = {}
@@ -227,6 +243,12 @@ class Daemon:
             time.sleep(0.05)
         return False
 
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM it and wait, as a service manager stops it; its exit code. What it started
+        is left alone, for a test to see whether anything outlives it (:meth:`stop` ends that)."""
+        self.proc.terminate()
+        return self.proc.wait(timeout=timeout)
+
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM it, then SIGKILL its whole session, so nothing outlives the test;
         idempotent. Its exit code."""
@@ -239,19 +261,39 @@ class Daemon:
         return self.proc.wait(timeout=timeout)
 
 
-def start_daemon(tmp: Path, yaml: str, *, port: int | None = None, timeout: float = 30.0) -> Daemon:
-    """Start ``twistd -n crossbar`` with ``yaml`` as its config, in ``tmp``, and wait for
-    its port. ``listen`` is added on a free port, unless ``port`` says which one ``yaml``
-    listens on. This checkout's crossbar runs, installed or not."""
+def start_daemon(
+    tmp: Path,
+    yaml: str | None,
+    *,
+    port: int | None = None,
+    timeout: float = 30.0,
+    args: Sequence[str] = (),
+    twistd_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
+) -> Daemon:
+    """Start ``twistd -n [twistd_args] crossbar -c crossbar.yaml [args]`` with ``yaml`` as
+    its config, in ``tmp``, and wait for its port (unless ``wait`` is false: a start meant
+    to fail). Unless ``port`` says which one it listens on, it listens on a free port:
+    ``listen`` added to ``yaml``, or ``--listen`` to ``args`` when ``yaml`` is None (no
+    config file, as with ``--demo``). ``env`` is added to this process's environment. This
+    checkout's crossbar runs, installed or not."""
+    crossbar = list(args)
     if port is None:
         port = free_port()
-        yaml = f'listen: "tcp:{port}:interface=127.0.0.1"\n{yaml}'
-    (tmp / "crossbar.yaml").write_text(yaml)
+        listen = f"tcp:{port}:interface=127.0.0.1"
+        if yaml is None:
+            crossbar += ["--listen", listen]
+        else:
+            yaml = f'listen: "{listen}"\n{yaml}'
+    if yaml is not None:
+        (tmp / "crossbar.yaml").write_text(yaml)
+        crossbar = ["-c", "crossbar.yaml", *crossbar]
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    args = [TWISTD, "-n", "--pidfile=", "crossbar", "-c", "crossbar.yaml"]
-    env = dict(os.environ, PYTHONPATH=path)
-    daemon = Daemon.start(args, port, tmp / "crossbar.log", cwd=tmp, env=env)
-    if not daemon.wait(lambda: accepts(port), timeout):
+    argv = [TWISTD, "-n", "--pidfile=", *twistd_args, "crossbar", *crossbar]
+    environ = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    daemon = Daemon.start(argv, port, tmp / "crossbar.log", cwd=tmp, env=environ)
+    if wait and not daemon.wait(lambda: accepts(port), timeout):
         code = daemon.stop()
         raise AssertionError(
             f"crossbar did not start listening on port {port} (exit code {code}):\n"

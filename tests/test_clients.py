@@ -6,10 +6,10 @@ keys, a route ``private`` with one), and run: Python with this venv's interprete
 with ``sh`` (skipped without curl), JavaScript with ``node`` and the ``openai`` npm package.
 
 That package is installed at a pinned version, once, into the cache the OpenCode test uses
-(``${LLAMA_CROSSBAR_CACHE:-$HOME/.cache/llama-crossbar}/openai-node-<version>/``), staged in
-a temporary folder and published with one rename under a lock, with a private HOME for npm;
-when npm cannot install it the Node test is skipped with the reason (a failure when
-``CROSSBAR_REQUIRE_OPENCODE`` is set, as for OpenCode).
+(``${LLAMA_CROSSBAR_CACHE:-$HOME/.cache/llama-crossbar}/openai-node-<version>/``, by
+:func:`tests.npm.install_npm_package`); when npm cannot install it the Node test is
+skipped with the reason (a failure when ``CROSSBAR_REQUIRE_OPENCODE`` is set, as for
+OpenCode).
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
-from tests import test_opencode
+from tests.npm import install_npm_package
 from tests.support import REPO, Daemon, start_daemon, start_simulator
 
 DOC = REPO / "docs" / "clients.md"
@@ -187,13 +185,6 @@ def test_curl_streams_with_the_key_and_is_refused_without(crossbar: Daemon, tmp_
 # -- Node ----------------------------------------------------------------------------------------
 
 
-def _unavailable(reason: str) -> NoReturn:
-    """Skip (or fail, when npm installs are required) because npm could not install openai."""
-    if os.environ.get(test_opencode.REQUIRE_ENV):
-        pytest.fail(f"{reason} ({test_opencode.REQUIRE_ENV} is set, so this is an error)")
-    pytest.skip(f"openai {OPENAI_NODE_VERSION} could not be installed from npm: {reason}")
-
-
 def _node_ready(prefix: Path) -> bool:
     package = prefix / "node_modules" / "openai" / "package.json"
     try:
@@ -206,47 +197,13 @@ def install_openai_node() -> Path:
     """The folder holding ``node_modules/openai`` at the pinned version, installed if need be."""
     if shutil.which("node") is None:
         pytest.skip("node is not on PATH")
-    root = test_opencode._cache_root()
-    dest = root / f"openai-node-{OPENAI_NODE_VERSION}"
-    if _node_ready(dest):
-        return dest
-    npm = shutil.which("npm")
-    if npm is None:
-        _unavailable("npm is not on PATH")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _unavailable(f"cannot make the cache folder {root}: {e}")
-    with test_opencode._locked(root / f".openai-node-{OPENAI_NODE_VERSION}.lock"):
-        if _node_ready(dest):
-            return dest
-        for stale in root.glob(f".build-openai-node-{OPENAI_NODE_VERSION}.*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".build-openai-node-{OPENAI_NODE_VERSION}.", dir=root))
-        try:
-            env = dict(os.environ, **test_opencode.private_dirs(work / "home"))
-            env["npm_config_cache"] = str(work / "npm-cache")
-            user_npmrc = Path.home() / ".npmrc"
-            if user_npmrc.is_file():
-                env["npm_config_userconfig"] = str(user_npmrc)
-            quiet = ["--no-update-notifier", "--loglevel=error"]
-            ask = [npm, "view", f"openai@{OPENAI_NODE_VERSION}", "version", *quiet]
-            ask += ["--fetch-retries=0", "--fetch-timeout=30000"]
-            test_opencode._npm(ask, env, 60.0, "asking the npm registry for openai", _unavailable)
-            stage = work / "out"
-            stage.mkdir()
-            manifest = {"private": True, "dependencies": {"openai": OPENAI_NODE_VERSION}}
-            (stage / "package.json").write_text(json.dumps(manifest, indent=2))
-            install = [npm, "install", "--prefix", str(stage), "--no-audit", "--no-fund", *quiet]
-            test_opencode._npm(install, env, INSTALL_TIMEOUT, "npm install openai", _unavailable)
-            if dest.exists():
-                dest.rename(work / "stale")
-            stage.rename(dest)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    if not _node_ready(dest):
-        _unavailable(f"openai {OPENAI_NODE_VERSION} is not in {dest} after the install")
-    return dest
+    return install_npm_package(
+        "openai",
+        OPENAI_NODE_VERSION,
+        _node_ready,
+        entry="openai-node",
+        install_timeout=INSTALL_TIMEOUT,
+    )
 
 
 def test_node_snippet_streams_an_answer(crossbar: Daemon, tmp_path: Path) -> None:

@@ -1,14 +1,14 @@
 """A real coding agent through crossbar: OpenCode's ``opencode run`` against ``--demo``.
 
 OpenCode is installed from npm at a pinned version, once, into a cache outside the
-repository (as ``scripts/llama-server.sh`` caches its binary)::
+repository (as ``scripts/llama-server.sh`` caches its binary; see
+:func:`tests.npm.install_npm_package`)::
 
     ${LLAMA_CROSSBAR_CACHE:-$HOME/.cache/llama-crossbar}/opencode-<version>/
 
-It is built in a temporary folder next to that and published with one rename, under a lock,
-so an interrupted install never looks finished. When npm cannot install it (no npm, no
-registry, a failed install) the test is skipped with the reason; set
-``CROSSBAR_REQUIRE_OPENCODE`` to a non-empty value to make that a failure instead.
+When npm cannot install it (no npm, no registry, a failed install) the test is skipped with
+the reason; set ``CROSSBAR_REQUIRE_OPENCODE`` to a non-empty value to make that a failure
+instead.
 
 OpenCode then runs with a private HOME (and XDG dirs) under the test's folder and an
 environment of its own (none of the user's variables or keys), its update check, models
@@ -25,24 +25,20 @@ npm packages (about 120 MB, 355 MB unpacked).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
-import time
-import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
-from tests.support import REPO, TWISTD, Daemon, accepts, free_port
+from tests.npm import install_npm_package, private_dirs
+from tests.support import Daemon, free_port, http_status, start_daemon
 
 OPENCODE_VERSION = "1.18.33"
 """The pinned ``opencode-ai`` on npm (its platform binary comes as an optional dependency,
@@ -51,12 +47,8 @@ OPENCODE_VERSION = "1.18.33"
 MODEL = "qwen3-coder-30b"
 """The demo's default model of route ``opencode``, loaded on gpu-a."""
 
-REQUIRE_ENV = "CROSSBAR_REQUIRE_OPENCODE"
-
 # Bounds of every wait here.
-REGISTRY_TIMEOUT = 60.0
 INSTALL_TIMEOUT = 600.0
-LOCK_TIMEOUT = INSTALL_TIMEOUT + 60.0
 VERSION_TIMEOUT = 30.0
 CROSSBAR_TIMEOUT = 30.0
 RUN_TIMEOUT = 120.0
@@ -78,34 +70,10 @@ def opencode_json(base_url: str) -> dict[str, object]:
     }
 
 
-def _unavailable(reason: str) -> NoReturn:
-    """Skip (or fail, when OpenCode is required) because npm could not install OpenCode."""
-    if os.environ.get(REQUIRE_ENV):
-        pytest.fail(f"{reason} ({REQUIRE_ENV} is set, so this is an error)", pytrace=False)
-    pytest.skip(f"OpenCode {OPENCODE_VERSION} could not be installed from npm: {reason}")
-
-
 def _tail(text: str | bytes | None, lines: int = 30) -> str:
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
     return "\n".join((text or "").strip().splitlines()[-lines:]) or "(nothing)"
-
-
-def private_dirs(home: Path) -> dict[str, str]:
-    """HOME, the XDG dirs and TMPDIR, all inside ``home``: what OpenCode may write."""
-    dirs = {
-        "HOME": home,
-        "XDG_CONFIG_HOME": home / ".config",
-        "XDG_DATA_HOME": home / ".local" / "share",
-        "XDG_CACHE_HOME": home / ".cache",
-        "XDG_STATE_HOME": home / ".local" / "state",
-        "XDG_RUNTIME_DIR": home / "run",
-        "TMPDIR": home / "tmp",
-    }
-    for path in dirs.values():
-        path.mkdir(parents=True, exist_ok=True)
-    (home / "run").chmod(0o700)
-    return {name: str(path) for name, path in dirs.items()}
 
 
 def opencode_env(home: Path) -> dict[str, str]:
@@ -141,11 +109,6 @@ def opencode_env(home: Path) -> dict[str, str]:
 # -- the install, cached ----------------------------------------------------------------------
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("LLAMA_CROSSBAR_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "llama-crossbar"
-
-
 def _binary(prefix: Path) -> Path:
     return prefix / "node_modules" / ".bin" / "opencode"
 
@@ -170,111 +133,18 @@ def _runs(binary: Path) -> bool:
     return done.returncode == 0 and done.stdout.decode(errors="replace").strip() == OPENCODE_VERSION
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One install at a time per cache entry; a bounded wait for another one."""
-    with path.open("w") as lock:
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    _unavailable(f"another install still holds {path} after {LOCK_TIMEOUT:.0f} s")
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _npm(
-    args: list[str],
-    env: dict[str, str],
-    timeout: float,
-    what: str,
-    unavailable: Callable[[str], NoReturn] = _unavailable,
-) -> None:
-    """Run npm; skip (through ``unavailable``, which names the package) with its first
-    error lines when it fails or does not end in time."""
-    try:
-        done = subprocess.run(
-            args, capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        unavailable(f"{what} did not finish within {timeout:.0f} s")
-    if done.returncode != 0:
-        errors = done.stderr.decode(errors="replace").strip().splitlines()[:4]
-        unavailable(f"{what} failed (exit {done.returncode}):\n" + "\n".join(errors))
-
-
-def _npm_install(stage: Path, work: Path) -> None:
-    """``npm install`` the pinned package into ``stage``, npm's cache and HOME in ``work``.
-
-    OpenCode's postinstall runs ``opencode --version``, which makes OpenCode's folders in
-    HOME: npm gets a HOME of its own, and the user's ``.npmrc`` by name. The registry is
-    asked once first, without retries, so that a machine without it skips in seconds
-    (npm's own retries of an install take more than a minute).
-    """
-    npm = shutil.which("npm")
-    if npm is None:
-        _unavailable("npm is not on PATH")
-    env = dict(os.environ, **private_dirs(work / "home"))
-    env["npm_config_cache"] = str(work / "npm-cache")
-    user_npmrc = Path.home() / ".npmrc"
-    if user_npmrc.is_file():
-        env["npm_config_userconfig"] = str(user_npmrc)
-    quiet = ["--no-update-notifier", "--loglevel=error"]
-    ask = [npm, "view", f"opencode-ai@{OPENCODE_VERSION}", "version", *quiet]
-    ask += ["--fetch-retries=0", "--fetch-timeout=30000"]
-    _npm(ask, env, REGISTRY_TIMEOUT, "asking the npm registry for opencode-ai")
-
-    stage.mkdir()
-    (stage / "package.json").write_text(
-        json.dumps(
-            {
-                "private": True,
-                "dependencies": {"opencode-ai": OPENCODE_VERSION},
-                # Its postinstall links the platform binary into place.
-                "allowScripts": {"opencode-ai": True},
-            },
-            indent=2,
-        )
-    )
-    install = [npm, "install", "--prefix", str(stage), "--no-audit", "--no-fund", *quiet]
-    _npm(install, env, INSTALL_TIMEOUT, "npm install")
-    if not _runs(_binary(stage)):
-        _unavailable(f"npm installed opencode-ai, but {_binary(stage)} does not run")
-
-
 def install_opencode() -> Path:
     """The pinned OpenCode's binary, installed into the cache first if need be."""
-    root = _cache_root()
-    dest = root / f"opencode-{OPENCODE_VERSION}"
-    if _runs(_binary(dest)):
-        return _binary(dest)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _unavailable(f"cannot make the cache folder {root}: {e}")
-    with _locked(root / f".opencode-{OPENCODE_VERSION}.lock"):
-        if _runs(_binary(dest)):  # installed while we waited
-            return _binary(dest)
-        # Holding the lock, a build folder left here is from an install that was killed.
-        for stale in root.glob(f".build-opencode-{OPENCODE_VERSION}.*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".build-opencode-{OPENCODE_VERSION}.", dir=root))
-        try:
-            _npm_install(work / "out", work)
-            if dest.exists():  # a leftover that does not run (checked above)
-                dest.rename(work / "stale")
-            (work / "out").rename(dest)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    if not _runs(_binary(dest)):
-        _unavailable(f"{_binary(dest)} does not run after the install")
-    return _binary(dest)
+    prefix = install_npm_package(
+        "opencode-ai",
+        OPENCODE_VERSION,
+        lambda prefix: _runs(_binary(prefix)),
+        entry="opencode",
+        title="OpenCode",
+        install_timeout=INSTALL_TIMEOUT,
+        allow_scripts=True,
+    )
+    return _binary(prefix)
 
 
 @pytest.fixture(scope="module")
@@ -285,32 +155,15 @@ def opencode() -> Path:
 # -- crossbar ---------------------------------------------------------------------------------
 
 
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
-
-
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Daemon]:
     """``twistd -n crossbar --demo`` on a free loopback port, its route ready."""
-    port = free_port()
     folder = tmp_path / "crossbar"
     folder.mkdir()
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    args = [TWISTD, "-n", "--pidfile=", "crossbar", "--demo"]
-    args += ["--listen", f"tcp:{port}:interface=127.0.0.1"]
-    daemon = Daemon.start(
-        args, port, folder / "crossbar.log", cwd=folder, env=dict(os.environ, PYTHONPATH=path)
-    )
+    daemon = start_daemon(folder, None, args=["--demo"], timeout=CROSSBAR_TIMEOUT)
     try:
         models = f"{daemon.url}/opencode/v1/models"
-        ready = daemon.wait(lambda: accepts(port) and _status(models) == 200, CROSSBAR_TIMEOUT)
+        ready = daemon.wait(lambda: http_status(models) == 200, CROSSBAR_TIMEOUT)
         assert ready, f"crossbar --demo did not get ready:\n{daemon.log()}"
         yield daemon
     finally:

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,76 +12,39 @@ import pytest
 
 from crossbar.config import parse_config
 from crossbar.service import announcement
+from tests.support import Daemon, free_port, http_status, start_daemon
 
-TWISTD = str(Path(sys.executable).with_name("twistd"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+ROUTE = "routes:\n  lab:\n    hosts: [gpu-a]\n"
 
 
-def get(url: str) -> tuple[int, dict[str, object], dict[str, str]]:
+def request(url: str, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    """Status and JSON body of a GET."""
+    asked = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, json.loads(r.read()), dict(r.headers)
+        with urllib.request.urlopen(asked, timeout=5) as r:
+            return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read()), dict(e.headers)
+        return e.code, json.loads(e.read())
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[str], limit: float = 30.0) -> None:
-    """Poll until the daemon accepts connections (a bounded wait on a separate process)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"twistd exited early: {proc.communicate()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError("crossbar did not start listening")
+def stop(daemon: Daemon) -> tuple[int, str]:
+    """SIGTERM, as a service manager stops it: its exit code and everything it wrote."""
+    return daemon.stop(), daemon.output()
 
 
-def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
-    return proc.returncode, out
-
-
-@pytest.fixture
-def port() -> int:
-    return free_port()
-
-
-def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "crossbar", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path, port: int) -> None:
+def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     dead = free_port()
-    (tmp_path / "crossbar.yaml").write_text(
-        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
-        "poll_interval: 1h\n"
-        f"hosts:\n  gpu-a: http://127.0.0.1:{dead}\n"
-        "routes:\n  lab:\n    hosts: [gpu-a]\n    default_model: m\n"
+    daemon = start_daemon(
+        tmp_path,
+        f"poll_interval: 1h\nhosts:\n  gpu-a: http://127.0.0.1:{dead}\n"
+        "routes:\n  lab:\n    hosts: [gpu-a]\n    default_model: m\n",
     )
-    proc = start(["-c", "crossbar.yaml"], tmp_path)
+    port = daemon.port
     try:
-        wait_for_port(port, proc)
-        status, body, _ = get(f"http://127.0.0.1:{port}/lab/v1/models")
-        assert (status, body) == (503, {"error": "no healthy host"})
-        status, body, _ = get(f"http://127.0.0.1:{port}/nope/v1/models")
-        assert (status, body) == (404, {"error": "unknown route"})
+        assert request(f"{daemon.url}/lab/v1/models") == (503, {"error": "no healthy host"})
+        assert request(f"{daemon.url}/nope/v1/models") == (404, {"error": "unknown route"})
     finally:
-        code, out = stop(proc)
+        code, out = stop(daemon)
     assert code == 0, out
     assert "Cancelled" not in out  # a poll cut short by the stop records nothing
     assert "lab - GET /v1/models 503" in out
@@ -97,37 +55,19 @@ def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path, port: i
     assert "simulated" not in out
 
 
-def request(url: str, headers: dict[str, str] | None = None) -> tuple[int, object]:
-    asked = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(asked, timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path, port: int) -> None:
+def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path) -> None:
     pages = free_port()
-    (tmp_path / "crossbar.yaml").write_text(
-        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
+    daemon = start_daemon(
+        tmp_path,
         f'status_listen: "tcp:{pages}:interface=127.0.0.1"\n'
         'status_keys: ["${CROSSBAR_STATUS_KEY}"]\n'
         "api_keys: [route-key-77]\n"
         "poll_interval: 1h\n"
-        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
-        "routes:\n  lab:\n    hosts: [gpu-a]\n"
+        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n{ROUTE}",
+        env={"CROSSBAR_STATUS_KEY": "status-key-88"},
     )
-    proc = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "crossbar", "-c", "crossbar.yaml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "CROSSBAR_STATUS_KEY": "status-key-88"},
-    )
-    main, own = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{pages}"
+    main, own = daemon.url, f"http://127.0.0.1:{pages}"
     try:
-        wait_for_port(port, proc)
         assert request(main + "/lab/v1/models") == (401, {"error": "unauthorized"})
         assert request(main + "/lab/v1/models", {"X-Api-Key": "route-key-77"})[0] == 503
         assert request(main + "/_crossbar/status") == (404, {"error": "not found"})
@@ -136,7 +76,7 @@ def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path, port: int) -> 
         code, status = request(own + "/_crossbar/status", {"Authorization": "Bearer status-key-88"})
         assert code == 200 and "gpu-a" in status["hosts"]  # type: ignore[index]
     finally:
-        code, out = stop(proc)
+        code, out = stop(daemon)
     assert code == 0, out
     assert f"status pages: {own}/_crossbar/ (the main port serves only" in out
     assert "lab - GET /v1/models 503" in out and "- - GET /lab/v1/models 401" in out
@@ -144,79 +84,60 @@ def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path, port: int) -> 
     assert "route-key-77" not in out and "status-key-88" not in out
 
 
-def test_a_log_file_given_to_twistd_gets_the_log(tmp_path: Path, port: int) -> None:
+def test_a_log_file_given_to_twistd_gets_the_log(tmp_path: Path) -> None:
     """crossbar filters twistd's log but leaves its options alone: --logfile still works."""
-    (tmp_path / "crossbar.yaml").write_text(
-        f'listen: "tcp:{port}:interface=127.0.0.1"\n'
-        "poll_interval: 1h\n"
-        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
-        "routes:\n  lab:\n    hosts: [gpu-a]\n"
-    )
-    proc = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "--logfile=crossbar.log", "crossbar", "-c", "crossbar.yaml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    daemon = start_daemon(
+        tmp_path,
+        f"poll_interval: 1h\nhosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n{ROUTE}",
+        twistd_args=["--logfile=twistd.log"],
     )
     try:
-        wait_for_port(port, proc)
-        get(f"http://127.0.0.1:{port}/lab/v1/models")
+        request(f"{daemon.url}/lab/v1/models")
     finally:
-        code, out = stop(proc)
+        code, out = stop(daemon)
     assert code == 0, out
-    log = (tmp_path / "crossbar.log").read_text()
-    assert f"route lab: http://127.0.0.1:{port}/lab/v1" in log
+    log = (tmp_path / "twistd.log").read_text()
+    assert f"route lab: {daemon.url}/lab/v1" in log
     assert "lab - GET /v1/models 503" in log
     assert "lab - GET" not in out
 
 
-def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path, port: int) -> None:
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    busy = taken.getsockname()[1]
-    (tmp_path / "crossbar.yaml").write_text(
-        f'listen: "tcp:{busy}:interface=127.0.0.1"\n'
-        "poll_interval: 1h\n"
-        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"
-        "routes:\n  lab:\n    hosts: [gpu-a]\n"
-    )
-    try:
-        proc = start(
-            ["-c", "crossbar.yaml", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path
+def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        daemon = start_daemon(
+            tmp_path,
+            f'listen: "tcp:{busy}:interface=127.0.0.1"\npoll_interval: 1h\n'
+            f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n{ROUTE}",
+            port=port,
+            args=["--listen", f"tcp:{port}:interface=127.0.0.1"],
         )
         try:
-            wait_for_port(port, proc)
-            status, body, _ = get(f"http://127.0.0.1:{port}/lab/v1/models")
-            assert (status, body) == (503, {"error": "no healthy host"})
+            assert request(f"{daemon.url}/lab/v1/models") == (503, {"error": "no healthy host"})
         finally:
-            code, out = stop(proc)
-    finally:
-        taken.close()
+            code, out = stop(daemon)
     assert code == 0, out
 
 
-def test_demo_fleet_routes_by_model(tmp_path: Path, port: int) -> None:
-    proc = start(["--demo", "--listen", f"tcp:{port}:interface=127.0.0.1"], tmp_path)
+def test_demo_fleet_routes_by_model(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, None, args=["--demo"])
+    port = daemon.port
     try:
-        wait_for_port(port, proc)
-        deadline = time.monotonic() + 20
-        while True:  # the first polls of the simulated hosts are under way
-            status, _, _headers = get(f"http://127.0.0.1:{port}/opencode/v1/models")
-            if status == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert status == 200
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/opencode/v1/chat/completions",
+        # The first polls of the simulated hosts are under way.
+        models = f"{daemon.url}/opencode/v1/models"
+        assert daemon.wait(lambda: http_status(models) == 200, 20), daemon.log()
+        asked = urllib.request.Request(
+            f"{daemon.url}/opencode/v1/chat/completions",
             data=b'{"model": "gpt-oss-20b", "messages": [], "max_tokens": 2}',
         )
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(asked, timeout=10) as r:
             assert r.headers["X-Crossbar-Host"] == "gpu-b"
             assert json.loads(r.read())["model"] == "gpt-oss-20b"
     finally:
-        code, out = stop(proc)
+        code, out = stop(daemon)
     assert code == 0, out
     assert "the fleet is simulated (--demo)" in out
     # Only the port agents use is announced; the simulated hosts' ports are crossbar's own.
@@ -230,10 +151,17 @@ def test_port_in_use_stops_startup(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        proc = start(["--demo", "--listen", f"tcp:{taken}:interface=127.0.0.1"], tmp_path)
-        out, _ = proc.communicate(timeout=30)
-    assert proc.returncode != 0
-    line = f"crossbar: cannot listen on tcp:{taken}:interface=127.0.0.1: address already in use"
+        listen = f"tcp:{taken}:interface=127.0.0.1"
+        daemon = start_daemon(
+            tmp_path, None, port=taken, args=["--demo", "--listen", listen], wait=False
+        )
+        try:
+            code = daemon.proc.wait(timeout=30)
+        finally:
+            daemon.stop()
+    out = daemon.output()
+    assert code != 0
+    line = f"crossbar: cannot listen on {listen}: address already in use"
     assert out.strip().splitlines()[-1] == line, out
     assert "Traceback" not in out
 

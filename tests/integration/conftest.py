@@ -66,8 +66,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -76,7 +74,7 @@ import attrs
 import pytest
 import yaml
 
-from tests.support import REPO, Daemon, free_port, start_daemon
+from tests.support import REPO, Daemon, free_port, http_status, start_daemon
 
 BUILD_SCRIPT = REPO / "scripts" / "llama-server.sh"
 TINY_MODELS_SCRIPT = REPO / "scripts" / "tiny_models.py"
@@ -100,21 +98,9 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(f"integration prerequisites missing: {reason}")
 
 
-def _http_status(url: str, timeout: float = 1.0) -> int | None:
-    """The HTTP status of a GET, or None when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (OSError, ValueError):
-        return None
-
-
 def _healthy(url: str) -> Callable[[], bool]:
     """A check that the server at ``url`` answers ``/health`` with 200."""
-    return lambda: _http_status(f"{url}/health", timeout=0.5) == 200
+    return lambda: http_status(f"{url}/health", timeout=0.5) == 200
 
 
 # --------------------------------------------------------------------------------------------
