@@ -2,7 +2,7 @@
 // The streaming load for the crossbar benchmark: K concurrent SSE streams, no dependencies.
 //
 //   node benchmarks/stream_client.js --url URL [--streams K] [--chunks N] [--interval MS]
-//                                    [--ramp MS] [--duration S] [--timeout S]
+//                                    [--ramp MS] [--duration S] [--timeout S] [--key KEY]
 //
 // URL is a chat completions URL, e.g. http://127.0.0.1:8089/v1/chat/completions (direct)
 // or http://127.0.0.1:7777/bench/v1/chat/completions (through crossbar). All K streams are
@@ -10,6 +10,7 @@
 // after the first (with MS the length of one stream, streams arrive one after another the
 // way agents' requests do, and K are open together at the peak). With --duration, every
 // stream that ends is replaced by a new one until S seconds have passed (the soak load).
+// With --key, every request carries "Authorization: Bearer KEY" (a route with api_keys).
 //
 // Per stream it records the time to first chunk (from sending the request to the first
 // SSE event) and, per chunk, the added delay: the receive time minus the send time the
@@ -29,6 +30,7 @@ function parseArgs(argv) {
     duration: 0,
     timeout: 120,
     url: "",
+    key: "",
   };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, "");
@@ -37,7 +39,7 @@ function parseArgs(argv) {
       process.stderr.write(`stream_client: unknown or incomplete option ${argv[i]}\n`);
       process.exit(2);
     }
-    args[key] = key === "url" ? value : Number(value);
+    args[key] = key === "url" || key === "key" ? value : Number(value);
   }
   if (!args.url) {
     process.stderr.write("stream_client: --url is required\n");
@@ -79,6 +81,8 @@ const body = Buffer.from(
   }),
 );
 const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
+const headers = { "Content-Type": "application/json", "Content-Length": body.length };
+if (args.key) headers.Authorization = `Bearer ${args.key}`;
 
 const ttfc = [];
 const delays = [];
@@ -122,7 +126,7 @@ function openStream() {
       port: target.port,
       path: target.pathname + target.search,
       method: "POST",
-      headers: { "Content-Type": "application/json", "Content-Length": body.length },
+      headers,
     },
     (res) => {
       if (res.statusCode !== 200) {
