@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import run as bench_run
+import harness
+import loads
 
 REPO = str(Path(__file__).resolve().parent.parent)
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -144,7 +145,7 @@ def main() -> None:
         print()
         print(top(args.file, args.top))
         return
-    bench_run.check_tools()
+    harness.check_tools()
     settings = argparse.Namespace(
         backlog=None,
         workers=1,
@@ -156,25 +157,25 @@ def main() -> None:
         chunks=args.chunks,
         interval=args.interval,
     )
-    results = bench_run.HERE / "results"
+    results = harness.HERE / "results"
     results.mkdir(exist_ok=True)
     raw = results / f"profile-{args.load}.txt"
     svg = results / f"profile-{args.load}.svg"
     with tempfile.TemporaryDirectory(prefix="crossbar-profile-") as tmp:
-        bench = bench_run.Bench(settings, Path(tmp))
+        bench = harness.Bench(settings, Path(tmp))
         with bench.running():
             assert bench.crossbar is not None
             pid = bench.crossbar.pid
             url = bench.urls["crossbar"]
-            bench_run.run_wrk(url, 1, 64, 2)  # warm up
+            loads.run_wrk(url, 1, 64, 2)  # warm up
             if args.load == "wrk":
 
                 def load(seconds: float) -> None:
-                    bench_run.run_wrk(url, seconds, 64, 2)
+                    loads.run_wrk(url, seconds, 64, 2)
             else:
 
                 def load(seconds: float) -> None:
-                    out = bench_run.run_streams(
+                    out = loads.run_streams(
                         url, args.k, args.chunks, args.interval, duration=seconds
                     )
                     print(
@@ -201,7 +202,7 @@ def main() -> None:
                 capture_output=True,
             )
             worker.join()
-    print(f"wrote {raw.relative_to(bench_run.REPO)}, {svg.relative_to(bench_run.REPO)}")
+    print(f"wrote {raw.relative_to(REPO)}, {svg.relative_to(REPO)}")
     print(areas(raw))
     print()
     print(top(raw, args.top))
