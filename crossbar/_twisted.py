@@ -85,6 +85,13 @@ def request_line(channel: http.HTTPChannel) -> tuple[bytes, bytes]:
     return getattr(channel, "_command", None) or b"-", getattr(channel, "_path", None) or b"-"
 
 
+def request_version(channel: http.HTTPChannel) -> bytes:
+    """The HTTP version of the request the channel is reading (``b"HTTP/1.1"``): a
+    request's own ``clientproto`` is set only once its body is in."""
+    version: bytes = getattr(channel, "_version", None) or b"-"
+    return version
+
+
 def handling_request(channel: http.HTTPChannel) -> bool:
     """Whether the channel is answering a request (pipelined bytes wait meanwhile)."""
     return bool(channel._handlingRequest)

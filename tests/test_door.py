@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from crossbar.server import door
 from crossbar.server.door import (
     DOT_SEGMENT,
+    NO_HOST,
     NOT_ALLOWED,
     SEVERAL_HOSTS,
     dot_segment,
@@ -114,7 +115,8 @@ def test_any_other_method_is_405_with_the_allowed_ones(method: bytes) -> None:
 def test_hygiene_refuses_two_hosts_and_a_dot_segment_with_400() -> None:
     assert hygiene(b"POST", CHAT, [b"a", b"b"]) == SEVERAL_HOSTS
     assert hygiene(b"POST", b"/lab/v1/../x", [b"a"]) == DOT_SEGMENT
-    assert hygiene(b"POST", CHAT, None) is None
+    assert hygiene(b"POST", CHAT, None) == NO_HOST  # HTTP/1.1 must name its host
+    assert hygiene(b"POST", CHAT, None, b"HTTP/1.0") is None
     for refusal in (SEVERAL_HOSTS, DOT_SEGMENT, door.FOLDED, door.BAD_REQUEST):
         assert refusal.status == 400 and refusal.close
 

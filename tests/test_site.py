@@ -213,6 +213,7 @@ def test_a_refusal_is_json_with_its_headers_and_ends_the_connection(d: Door) -> 
         (get(CHAT, extra=b"X-A: 1\r\n\tfolded\r\n"), "folded header line"),
         (get(CHAT, extra=b"Host: b\r\n"), "more than one Host header"),
         (get(CHAT, extra=b"host: a\r\n"), "more than one Host header"),
+        (b"GET /lab/v1/models HTTP/1.1\r\nX-A: 1\r\n\r\n", "no Host header"),
         (get(b"/lab/v1/../../admin"), "path with a . or .. segment"),
         (get(b"/lab/%2e%2E/other/v1/models"), "path with a . or .. segment"),
         (get(b"/lab/v1%2f..%2fadmin?x=1"), "path with a . or .. segment"),
@@ -232,6 +233,12 @@ def test_what_the_door_or_twisted_s_parser_refuses_is_400_and_closed(
     assert (status, body) == (400, {"error": error or "bad request"})
     assert headers[b"connection"] == b"close" and conn.closed
     assert d.rendered == []
+
+
+def test_an_http_1_0_request_may_leave_its_host_out(d: Door) -> None:
+    conn = d.connect()
+    conn.send(b"GET /lab/v1/models HTTP/1.0\r\n\r\n")
+    assert len(d.rendered) == 1
 
 
 FOLDED = post(extra=b"X-A: b\r\n c\r\n")

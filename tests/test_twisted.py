@@ -41,6 +41,7 @@ from crossbar._twisted import (
     direct,
     handling_request,
     request_line,
+    request_version,
     twistd_log_observer,
     write_now,
 )
@@ -343,6 +344,13 @@ def test_request_line_is_known_before_the_headers_end() -> None:
     assert request_line(channel) == (b"-", b"-")
     channel.dataReceived(b"POST /lab/v1/chat?x=1 HTTP/1.1\r\nHost: a\r\n")
     assert request_line(channel) == (b"POST", b"/lab/v1/chat?x=1")
+
+
+def test_request_version_is_known_before_the_headers_end() -> None:
+    channel = _channel()
+    assert request_version(channel) == b"-"
+    channel.dataReceived(b"GET / HTTP/1.0\r\n")
+    assert request_version(channel) == b"HTTP/1.0"
 
 
 def test_handling_request_is_true_until_the_answer_is_finished() -> None:

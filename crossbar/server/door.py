@@ -45,6 +45,7 @@ METHODS = frozenset(_METHODS)
 
 FOLDED = Refusal(400, "folded header line", close=True)
 SEVERAL_HOSTS = Refusal(400, "more than one Host header", close=True)
+NO_HOST = Refusal(400, "no Host header", close=True)
 NOT_ALLOWED = Refusal(405, "method not allowed", ((b"Allow", b", ".join(_METHODS)),), close=True)
 DOT_SEGMENT = Refusal(400, "path with a . or .. segment", close=True)
 BAD_REQUEST = Refusal(400, "bad request", close=True)
@@ -106,10 +107,16 @@ def dot_segment(path: bytes) -> bool:
     return False
 
 
-def hygiene(method: bytes, path: bytes, hosts: Sequence[bytes] | None) -> Refusal | None:
+def hygiene(
+    method: bytes, path: bytes, hosts: Sequence[bytes] | None, version: bytes = b"HTTP/1.1"
+) -> Refusal | None:
     """The head's own soundness, before anyone's keys are looked at: ``hosts`` is every
-    ``Host`` header's value (``None``: none), ``path`` the target without its query."""
-    if hosts is not None and len(hosts) > 1:
+    ``Host`` header's value (``None``: none), ``path`` the target without its query. An
+    HTTP/1.1 request must name its host (RFC 9112, 3.2); an HTTP/1.0 one may not."""
+    if hosts is None:
+        if version == b"HTTP/1.1":
+            return NO_HOST
+    elif len(hosts) > 1:
         return SEVERAL_HOSTS
     if method not in METHODS:
         return NOT_ALLOWED

@@ -23,6 +23,7 @@ from crossbar._twisted import (
     direct,
     handling_request,
     request_line,
+    request_version,
     write_now,
 )
 from crossbar.config import Limits
@@ -99,7 +100,7 @@ class ProxyRequest(server.Request):
         method, target = request_line(channel)
         path = target.partition(b"?")[0]
         hosts = self.requestHeaders.getRawHeaders(b"host")
-        refusal = door.hygiene(method, path, hosts)
+        refusal = door.hygiene(method, path, hosts, request_version(channel))
         if refusal is None and (site.proxy is None or path.startswith(b"/_crossbar")):
             refusal = door.unreadable_page(path, hosts)
         if refusal is None and site.guard is not None:
@@ -178,8 +179,7 @@ class Channel(ParserRefusals):
     _refused = False
     _host: Any = None
     _direct: Any = None
-    heads = 0
-    """Request heads received on this connection: none yet, it is fresh."""
+    heads = 0  # request heads received on this connection; none yet: it is fresh
 
     def connectionMade(self) -> None:
         super().connectionMade()
