@@ -99,13 +99,18 @@ def handling_request(channel: http.HTTPChannel) -> bool:
 
 class ParserRefusals(http.HTTPChannel):
     """An HTTP channel whose parser's own refusals (conflicting lengths, a bad header
-    line, a bad chunk, too many headers) go to :meth:`bad_request` instead of
-    twisted.web's bare ``400 Bad Request`` and close."""
+    line, a bad chunk, too many headers, a line too long) go to :meth:`bad_request`
+    instead of twisted.web's bare ``400 Bad Request`` and close."""
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         self.bad_request()
 
-    def bad_request(self) -> None:
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """A head line longer than ``MAX_LENGTH`` (16 KiB): LineReceiver would close the
+        connection without a word."""
+        self.bad_request(too_large=True)
+
+    def bad_request(self, too_large: bool = False) -> None:
         super()._respondToBadRequestAndDisconnect()  # type: ignore[misc]
 
 

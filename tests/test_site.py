@@ -235,6 +235,16 @@ def test_what_the_door_or_twisted_s_parser_refuses_is_400_and_closed(
     assert d.rendered == []
 
 
+def test_a_header_line_over_16_kib_is_answered_431(d: Door) -> None:
+    conn = d.connect()
+    conn.send(get(CHAT, extra=b"X-Big: " + b"a" * 20_000 + b"\r\n"))
+    status, headers, body = conn.refusal()
+    assert (status, body) == (431, {"error": "request header line too long"})
+    assert conn.answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert headers[b"connection"] == b"close" and conn.closed
+    assert d.rendered == []
+
+
 def test_an_http_1_0_request_may_leave_its_host_out(d: Door) -> None:
     conn = d.connect()
     conn.send(b"GET /lab/v1/models HTTP/1.0\r\n\r\n")

@@ -46,6 +46,7 @@ METHODS = frozenset(_METHODS)
 FOLDED = Refusal(400, "folded header line", close=True)
 SEVERAL_HOSTS = Refusal(400, "more than one Host header", close=True)
 NO_HOST = Refusal(400, "no Host header", close=True)
+HEAD_TOO_LARGE = Refusal(431, "request header line too long", close=True)
 NOT_ALLOWED = Refusal(405, "method not allowed", ((b"Allow", b", ".join(_METHODS)),), close=True)
 DOT_SEGMENT = Refusal(400, "path with a . or .. segment", close=True)
 BAD_REQUEST = Refusal(400, "bad request", close=True)
@@ -65,6 +66,7 @@ REASONS = {
     405: b"Method Not Allowed",
     408: b"Request Timeout",
     413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
 }
 FOLD_STARTS = (b" ", b"\t")

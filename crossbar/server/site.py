@@ -230,8 +230,8 @@ class Channel(ParserRefusals):
             self._body_timer = None
         super().allContentReceived()
 
-    def bad_request(self) -> None:
-        self.refuse(door.BAD_REQUEST)
+    def bad_request(self, too_large: bool = False) -> None:
+        self.refuse(door.HEAD_TOO_LARGE if too_large else door.BAD_REQUEST)
 
     def refuse(self, refusal: Refusal) -> None:
         """Answer ``refusal`` at once, outside twisted.web's request cycle (which has
