@@ -16,7 +16,7 @@ from twisted.python.components import Componentized
 
 from crossbar._twisted import twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
-from crossbar.logformat import as_json
+from crossbar.logformat import writer
 from crossbar.server.listening import CannotListen, not_an_internal_start
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def makeService(options: Options) -> IService:
     if options["check"]:
         _show(config)
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
-    log = _log_observer(options, config)
+    log = _log_observer(options, config, reactor)
     if config.workers == 1:
         crossbar = Crossbar(config, reactor, load=load)
         reactor.callWhenRunning(_reload_on_sighup, reactor, crossbar)
@@ -99,16 +99,14 @@ def _loader(path: str, listen: str | None) -> Callable[[], Config]:
     return load
 
 
-def _log_observer(options: Options, config: Config) -> ILogObserver | None:
+def _log_observer(options: Options, config: Config, reactor: Any) -> ILogObserver | None:
     """twistd's own log observer (as its --logfile, --syslog and -n say), without the lines
-    of crossbar's internal ports, writing JSON with ``log_format: json``; ``None`` when not
-    run by twistd."""
+    of crossbar's internal ports, writing JSON with ``log_format: json`` and a file's lines
+    in batches while ``reactor`` runs; ``None`` when not run by twistd."""
     parent = getattr(options, "parent", None)
     if parent is None:
         return None
-    observer = twistd_log_observer(parent)
-    if config.log_format == "json":
-        observer = as_json(observer)
+    observer = writer(twistd_log_observer(parent), config.log_format, reactor)
     return FilteringLogObserver(observer, [not_an_internal_start])
 
 

@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from twisted.logger import FileLogObserver, Logger, formatEventAsClassicLogText
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import (
+    FileLogObserver,
+    Logger,
+    formatEventAsClassicLogText,
+    textFileLogObserver,
+)
 
 from crossbar.config import ConfigError, parse_config
-from crossbar.logformat import as_json
+from crossbar.logformat import Batches, TwistdText, as_json, writer
 from tests.support import free_port, start_daemon
 
 
@@ -133,3 +143,211 @@ def test_log_format_is_text_or_json() -> None:
     assert parse_config(base | {"log_format": "json"}).log_format == "json"
     with pytest.raises(ConfigError, match="log_format: must be one of text, json, not 'xml'"):
         parse_config(base | {"log_format": "xml"})
+
+
+# -- the text lines: twistd's to the byte, written in batches ----------------------------------
+
+EXAMPLE = 1796136869.0  # 2026-12-01T14:54:29Z
+SUMMER = 1774746000.0  # 2026-03-29T01:00:00Z: clocks go forward in Berlin
+TIMES = [
+    EXAMPLE,
+    EXAMPLE + 0.25,
+    EXAMPLE + 0.999999,
+    EXAMPLE + 0.9999997,  # shown as the next second: twistd rounds to the microsecond
+    EXAMPLE + 1.0,
+    EXAMPLE + 61.5,
+    SUMMER - 0.5,
+    SUMMER,
+    SUMMER + 0.5,
+    EXAMPLE + 2.0,
+]
+
+
+def _events() -> list[dict[str, object]]:
+    """One of each kind crossbar logs: request lines (one with a newline in a name),
+    a host's line, a failure with its traceback, an old-style line and one with no words."""
+    events: list[dict[str, object]] = []
+    log = Logger(namespace="crossbar.server.exchange", observer=events.append)
+    fields = ("lab", "gpu-a", "qwen", b"POST", b"/v1/chat/completions", 200, 2.03, 0.4, 9, "")
+    log.info("{request}", request="lab gpu-a POST /v1/chat/completions 200 2030ms", access=fields)
+    log.info("{request}", request="lab - GET /x 503 0ms (client left)", access=fields)
+    log.info("{request}", request="odd\nroute - GET / 404 1ms", access=fields)
+    log.warn("host {name} is down: {reason}", name="gpu-b", reason="refused", host_state="down")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.failure("crossbar: unexpected error handling a request")
+    events.append({"message": ("old-style",), "log_system": "HTTPChannel,0", "log_time": 0.0})
+    events.append({"log_format": "{request}", "request": "x", "access": fields, "log_system": "-"})
+    events.append({"log_namespace": "crossbar.test"})  # nothing to say: no line
+    return events
+
+
+@pytest.fixture(params=["UTC", "Europe/Berlin", "Asia/Kolkata"])
+def zone(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("TZ", request.param)
+    time.tzset()
+    yield request.param
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_the_text_lines_are_twistds_to_the_byte(zone: str) -> None:
+    stock, ours = io.StringIO(), io.StringIO()
+    twistd = textFileLogObserver(stock)  # what twistd -n and --logfile write through
+    crossbar = writer(textFileLogObserver(ours), "text", MemoryReactorClock())
+    for when in TIMES:
+        for event in _events():
+            twistd(event | {"log_time": when})
+            crossbar(event | {"log_time": when})
+    assert ours.getvalue() == stock.getvalue()
+    if zone == "UTC":
+        example = "2026-12-01T14:54:29+0000 [crossbar.server.exchange#info] lab gpu-a POST"
+        assert f"{example} /v1/chat/completions 200 2030ms\n" in ours.getvalue()
+    assert ours.getvalue().count("[crossbar.server.exchange#info] lab gpu-a POST") == len(TIMES)
+    if zone == "Europe/Berlin":  # the offset changes with the clocks, as twistd's does
+        assert "T01:59:59+0100 [" in ours.getvalue() and "T03:00:00+0200 [" in ours.getvalue()
+
+
+class _File(io.StringIO):
+    """A file that keeps each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+
+def _running(log_format: str = "text") -> tuple[MemoryReactorClock, _File, Logger]:
+    reactor, out = MemoryReactorClock(), _File()
+    observer = writer(textFileLogObserver(out), log_format, reactor)
+    for started, args, kwargs in reactor.whenRunningHooks:  # the reactor starts
+        started(*args, **kwargs)
+    return reactor, out, Logger(namespace="crossbar.test", observer=observer)
+
+
+def test_while_the_reactor_runs_lines_are_written_a_batch_at_a_time() -> None:
+    reactor, out, log = _running()
+    for n in range(3):
+        log.info("{request}", request=f"lab gpu-a GET /{n} 200 1ms", access=())
+    reactor.advance(0.05)
+    assert out.writes == []
+    reactor.advance(0.05)
+    [batch] = out.writes
+    assert [line.split("] ")[1] for line in batch.splitlines()] == [
+        "lab gpu-a GET /0 200 1ms",
+        "lab gpu-a GET /1 200 1ms",
+        "lab gpu-a GET /2 200 1ms",
+    ]
+    assert reactor.getDelayedCalls() == []  # nothing waits, no timer left
+
+
+def test_an_error_is_written_at_once_with_the_lines_before_it() -> None:
+    reactor, out, log = _running()
+    log.info("{request}", request="lab gpu-a GET / 200 1ms", access=())
+    log.error("host {name}: cannot connect", name="gpu-a")
+    [batch] = out.writes
+    assert batch.splitlines()[0].endswith("lab gpu-a GET / 200 1ms")
+    assert batch.splitlines()[1].endswith("[crossbar.test#error] host gpu-a: cannot connect")
+    assert reactor.getDelayedCalls() == []
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.failure("unexpected")
+    assert "ValueError: boom" in out.writes[1]
+
+
+def test_a_stop_writes_what_waits_and_every_line_after_it_at_once() -> None:
+    reactor, out, log = _running()
+    log.info("stopping: waiting up to 30s for 1 request in flight")
+    assert out.writes == []
+    for stop, args, kwargs in reactor.triggers["before"]["shutdown"]:
+        stop(*args, **kwargs)
+    assert len(out.writes) == 1 and "stopping: waiting" in out.writes[0]
+    log.info("stopped: 1 request finished")  # the drain ends later, during the shutdown
+    assert len(out.writes) == 2 and "stopped: 1 request finished" in out.writes[1]
+
+
+def test_before_the_reactor_runs_each_line_is_written_at_once() -> None:
+    out = _File()
+    log = Logger(
+        namespace="crossbar.test",
+        observer=writer(textFileLogObserver(out), "text", MemoryReactorClock()),
+    )
+    log.info("first")
+    log.info("second")
+    assert [w.split("] ")[1] for w in out.writes] == ["first\n", "second\n"]
+
+
+def test_a_burst_is_written_without_waiting_for_the_timer() -> None:
+    reactor, out = MemoryReactorClock(), _File()
+    batches = Batches(textFileLogObserver(out), TwistdText(), reactor, most=1000)
+    batches.start(reactor)
+    log = Logger(namespace="crossbar.test", observer=batches)
+    for n in range(20):
+        log.info("{request}", request=f"lab gpu-a GET /{n:02} 200 1ms " + "x" * 40, access=())
+    assert len(out.writes) == 2 and all(len(batch) >= 1000 for batch in out.writes)
+    reactor.advance(0.1)
+    assert "".join(out.writes).count("\n") == 20
+
+
+def test_the_json_lines_are_unchanged_and_batched_too() -> None:
+    before = io.StringIO()
+    stock = as_json(FileLogObserver(before, str))
+    reactor, out, log = _running("json")
+    for event in _events():
+        stock(event)
+        log.observer(event)
+    reactor.advance(0.1)
+    assert "".join(out.writes) == before.getvalue()
+    assert len(out.writes) == 2  # the failure's line went at once, the rest after it
+
+
+def test_syslog_s_observer_is_left_as_twistd_made_it() -> None:
+    seen: list[dict[str, object]] = []
+    syslog = seen.append
+    assert writer(syslog, "text", MemoryReactorClock()) is syslog
+    as_words = writer(syslog, "json", MemoryReactorClock())
+    as_words({"log_format": "x", "log_time": 0.0, "host_state": "up", "name": "gpu-a"})
+    assert '"state":"up"' in seen[0]["log_json"]  # type: ignore[operator]
+
+
+def test_a_twistd_log_file_gets_the_request_lines_while_crossbar_runs(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path,
+        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"  # nobody there: the host is down
+        "routes:\n  lab:\n    hosts: [gpu-a]\n",
+        twistd_args=["--logfile=x.log"],
+    )
+    path = tmp_path / "x.log"
+    line = re.compile(
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} \[crossbar\.server\.exchange#info\] "
+        r"lab - POST /v1/chat/completions 503 \d+ms$",
+        re.MULTILINE,
+    )
+    try:
+        asked = urllib.request.Request(f"{daemon.url}/lab/v1/chat/completions", data=b"{}")
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(asked, timeout=5)
+        assert daemon.wait(lambda: bool(line.search(path.read_text())), 5), path.read_text()
+    finally:
+        code = daemon.stop()
+    assert code == 0, daemon.output()
+    text = path.read_text()
+    assert "stopping: no request in flight" in text
+    assert text.rstrip().endswith("Server Shut Down.")
+
+
+def test_a_line_from_another_thread_is_written_at_once() -> None:
+    reactor, out, log = _running()
+    log.info("{request}", request="lab gpu-a GET / 200 1ms", access=())
+    worker = threading.Thread(target=log.warn, args=("from a thread",))
+    worker.start()
+    worker.join()
+    [alone] = out.writes  # the reactor's batch still waits for its timer
+    assert alone.endswith("[crossbar.test#warn] from a thread\n")
+    reactor.advance(0.1)
+    assert out.writes[1].endswith("lab gpu-a GET / 200 1ms\n")
