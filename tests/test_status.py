@@ -196,6 +196,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "last_err": "",
                 "consecutive": 1,
                 "in_flight": 2,
+                "leaving": False,
                 "recent": {
                     "window_seconds": 300,
                     "requests": 0,
@@ -213,6 +214,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "last_err": "health: HTTP 500",
                 "consecutive": 0,
                 "in_flight": 0,
+                "leaving": False,
                 "recent": {
                     "window_seconds": 300,
                     "requests": 0,
@@ -230,6 +232,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "last_err": "",
                 "consecutive": 0,
                 "in_flight": 0,
+                "leaving": False,
                 "recent": {
                     "window_seconds": 300,
                     "requests": 0,

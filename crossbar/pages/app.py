@@ -94,6 +94,7 @@ class StatusApp:
         doc = state.to_json()
         doc["last_ok"] = rfc3339(state.last_ok)
         doc["in_flight"] = self.traffic.in_flight.get(state.name, 0)
+        doc["leaving"] = state.name not in self.config.hosts  # reloaded away, finishing
         recent = self.recent.host(state.name)
         doc["recent"] = {
             "window_seconds": WINDOW_SECONDS,

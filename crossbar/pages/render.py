@@ -317,8 +317,9 @@ class StatusPage(Element):
     def _host_cells(self, name: str, state: HostState) -> dict[str, Flattenable]:
         recent = self.recent.get(name, HostRecent())
         p50 = recent.ttfb_p50
+        leaving = name not in self.config.hosts  # reloaded away, finishing its requests
         return {
-            "name": state.name,
+            "name": [state.name, " ", _muted("(left the config)")] if leaving else state.name,
             "url": state.url,
             "state": _mark(state.state),
             "last_ok": self._last_ok(state),
