@@ -286,7 +286,13 @@ def test_a_killed_replica_costs_only_its_streams_and_comes_back(tmp_path: Path) 
         by = {
             name: sum(1 for o in outcomes if o.replica == name and o.complete) for name in REPLICAS
         }
-        wait_until(lambda: served(again) + served(victim) == by["replica1"], "replica1's log", 5)
+        # The killed process's log lacks at most the lines of its last batch (written every
+        # 0.1 s): the requests it finished in the 0.2 s before the SIGKILL.
+        lost = [o for o in outcomes if o.replica == "replica1" and o.complete]
+        lost = [o for o in lost if o.ended is not None and killed - 0.2 < o.ended <= killed]
+        least = by["replica1"] - len(lost)
+        wait_until(lambda: served(again) + served(victim) >= least, "replica1's log", 5)
+        assert served(again) + served(victim) <= by["replica1"]
         wait_until(lambda: served(other) == by["replica2"], "replica2's log", 5)
         print(summary(outcomes, killed, marked_down, back_up))
 
