@@ -190,7 +190,7 @@ class Batches:
 
     Each line is one write and one flush to twistd's file, a system call per request.
     Once :meth:`start`, lines wait at most ``every`` seconds (or until ``most``
-    characters wait), and an error or critical line goes out at once with those before
+    characters wait), and a warning, error or critical line goes out at once with those before
     it. From the reactor's shutdown on, every line is written at once again, so the
     last lines of a stop are never lost; so is a line logged by a thread other than the
     reactor's (the batch and its timer are the reactor's own). ``observer``'s
@@ -253,7 +253,7 @@ class Batches:
             self._write({_BATCH: text})
 
 
-_AT_ONCE = (LogLevel.error, LogLevel.critical)
+_AT_ONCE = (LogLevel.warn, LogLevel.error, LogLevel.critical)
 _BATCH = "crossbar_batch"
 
 

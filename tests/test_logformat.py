@@ -303,7 +303,7 @@ def test_the_json_lines_are_unchanged_and_batched_too() -> None:
         log.observer(event)
     reactor.advance(0.1)
     assert "".join(out.writes) == before.getvalue()
-    assert len(out.writes) == 2  # the failure's line went at once, the rest after it
+    assert len(out.writes) == 3  # the warning and the failure went at once, the rest after
 
 
 def test_syslog_s_observer_is_left_as_twistd_made_it() -> None:
