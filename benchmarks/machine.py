@@ -25,8 +25,9 @@ def _first_line(cmd: list[str]) -> str:
 def source_digest(src: Path) -> str:
     """A short digest of the crossbar package's files, to tell working trees apart."""
     digest = hashlib.sha1()
-    for path in sorted((src / "crossbar").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    package = src / "crossbar"
+    for path in sorted(package.rglob("*.py")):  # every subpackage too
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
 
