@@ -134,7 +134,15 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument(
-        "--crossbar-src", type=Path, default=None, help="profile the crossbar in this checkout"
+        "--crossbar-src",
+        type=Path,
+        default=None,
+        help="profile the crossbar in this checkout",
+    )
+    parser.add_argument(
+        "--features",
+        action="store_true",
+        help="profile the crossbar with keys, cache_affinity and the JSON log (the load sends the key)",
     )
     args = parser.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -156,22 +164,25 @@ def main() -> None:
         threads=2,
         chunks=args.chunks,
         interval=args.interval,
+        paths=("direct", "crossbar-features" if args.features else "crossbar"),
     )
     results = harness.HERE / "results"
     results.mkdir(exist_ok=True)
-    raw = results / f"profile-{args.load}.txt"
-    svg = results / f"profile-{args.load}.svg"
+    name = f"profile-{args.load}{'-features' if args.features else ''}"
+    raw = results / f"{name}.txt"
+    svg = results / f"{name}.svg"
     with tempfile.TemporaryDirectory(prefix="crossbar-profile-") as tmp:
         bench = harness.Bench(settings, Path(tmp))
         with bench.running():
-            assert bench.crossbar is not None
-            pid = bench.crossbar.pid
-            url = bench.urls["crossbar"]
-            loads.run_wrk(url, 1, 64, 2)  # warm up
+            path = "crossbar-features" if args.features else "crossbar"
+            pid = bench.procs[path].pid
+            url = bench.urls[path]
+            key = harness.KEY if args.features else None
+            loads.run_wrk(url, 1, 64, 2, key)  # warm up
             if args.load == "wrk":
 
                 def load(seconds: float) -> None:
-                    loads.run_wrk(url, seconds, 64, 2)
+                    loads.run_wrk(url, seconds, 64, 2, key)
             else:
 
                 def load(seconds: float) -> None:

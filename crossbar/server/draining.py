@@ -67,7 +67,7 @@ async def drain(
     cut = 0
     for site in sites:
         for channel in list(site.channels):
-            if handling_request(channel):  # the idle ones are closing already
+            if _answering(channel):  # the idle ones are closing already
                 cut += 1
                 transport: Any = channel.transport
                 transport.abortConnection()
@@ -88,7 +88,7 @@ def _close_idle(sites: Sequence[Site], fresh_until: float, clock: IReactorTime) 
     wait_fresh = clock.seconds() < fresh_until
     for site in sites:
         for channel in list(site.channels):
-            if handling_request(channel):
+            if _answering(channel):
                 channel.persistent = False
                 busy += 1
             elif wait_fresh and not channel.heads:
@@ -97,6 +97,13 @@ def _close_idle(sites: Sequence[Site], fresh_until: float, clock: IReactorTime) 
                 transport: Any = channel.transport
                 transport.loseConnection()
     return busy, fresh
+
+
+def _answering(channel: Any) -> bool:
+    """Whether a connection carries a request not yet answered in full. One whose answer
+    is complete and that is closing (``Connection: close``) is not, though twisted.web
+    still says it is handling a request until it is closed."""
+    return handling_request(channel) and bool(channel.requests)
 
 
 def count_requests(count: int, what: str) -> str:
