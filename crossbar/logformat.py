@@ -35,6 +35,9 @@ def json_line(event: LogEvent) -> str | None:
     """The event as one line of JSON: a request, a host transition, a reload, or a message
     in words (with its traceback, if any, inside the text); ``None`` for an event with no
     words."""
+    relayed = event.get("worker_json")
+    if relayed is not None:  # another worker's line, already an object: as it came
+        return _JSON.encode(relayed) + "\n"
     access = event.get("access")
     state = event.get("host_state")
     if access is not None:

@@ -351,3 +351,30 @@ def test_a_line_from_another_thread_is_written_at_once() -> None:
     assert alone.endswith("[crossbar.test#warn] from a thread\n")
     reactor.advance(0.1)
     assert out.writes[1].endswith("lab gpu-a GET / 200 1ms\n")
+
+
+def test_with_workers_every_request_line_is_an_object(tmp_path: Path) -> None:
+    """Worker 1's lines reach worker 0's log as the JSON objects they are, named."""
+    daemon = start_daemon(
+        tmp_path,
+        "log_format: json\nworkers: 2\n"
+        f"hosts:\n  gpu-a: http://127.0.0.1:{free_port()}\n"  # nobody there: 503s
+        "routes:\n  lab:\n    hosts: [gpu-a]\n",
+        twistd_args=["--logfile=x.log"],
+    )
+    try:
+        assert daemon.wait(lambda: "worker-1" in (tmp_path / "x.log").read_text(), 20)
+        for _ in range(40):  # new connections, spread over both workers by the kernel
+            try:
+                urllib.request.urlopen(f"{daemon.url}/lab/v1/models", timeout=5).close()
+            except urllib.error.HTTPError as e:
+                assert e.code == 503
+    finally:
+        assert daemon.stop() == 0, daemon.output()
+    lines = [json.loads(line) for line in (tmp_path / "x.log").read_text().splitlines()]
+    requests = [line for line in lines if line["event"] == "request"]
+    assert len(requests) == 40
+    assert all(r["path"] == "/v1/models" and r["status"] == 503 for r in requests)
+    by_worker = {r.get("worker") for r in requests}
+    assert by_worker == {None, "worker-1"}, by_worker  # worker 0's own, and worker 1's
+    assert not [line for line in lines if "lab - GET" in str(line.get("text", ""))]

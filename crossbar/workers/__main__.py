@@ -14,6 +14,7 @@ from typing import Any
 from twisted.logger import ILogObserver, LogLevel, PredicateResult, eventAsText
 from zope.interface import implementer
 
+from crossbar.logformat import json_line
 from crossbar.server.listening import not_an_internal_start
 
 
@@ -27,12 +28,13 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a
     from crossbar.service import Crossbar
 
     args = parse_args(argv)
-    globalLogBeginner.beginLoggingTo([print_event], redirectStandardIO=False)
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"crossbar: {e}", flush=True)
         raise SystemExit(2) from None
+    observer = print_json if config.log_format == "json" else print_event
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     info = WorkerInfo(args.index, args.count, args.run_dir)
     crossbar = Crossbar(config, reactor, worker=info, load=lambda: load_config(args.config))
     parent = os.getppid()
@@ -63,6 +65,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 @implementer(ILogObserver)
+def print_json(event: dict[str, Any]) -> None:
+    """Print one log event as one JSON object (``log_format: json``): worker 0 hands it
+    on whole, with this worker's name added."""
+    if _left_out(event):
+        return
+    line = json_line(event)
+    if line:
+        print(line, end="", flush=True)
+
+
+def _left_out(event: dict[str, Any]) -> bool:
+    """Twisted's own informational lines, and internal ports' "starting on" lines."""
+    chatter = event.get("log_level", LogLevel.info) < LogLevel.warn
+    if chatter and event.get("log_namespace", "").startswith("twisted"):
+        return True
+    return not_an_internal_start(event) is PredicateResult.no
+
+
+@implementer(ILogObserver)
 def print_event(event: dict[str, Any]) -> None:
     """Print one log event, with its traceback if it has one.
 
@@ -70,10 +91,7 @@ def print_event(event: dict[str, Any]) -> None:
     (an unhandled error in a Deferred, say), and so are the "starting on" lines of
     internal ports, as twistd's log leaves them out for worker 0.
     """
-    chatter = event.get("log_level", LogLevel.info) < LogLevel.warn
-    if chatter and event.get("log_namespace", "").startswith("twisted"):
-        return
-    if not_an_internal_start(event) is PredicateResult.no:
+    if _left_out(event):
         return
     text = eventAsText(event, includeTimestamp=False, includeSystem=False).rstrip()
     if text:

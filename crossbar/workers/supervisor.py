@@ -15,6 +15,7 @@ every child has exited.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -157,7 +158,8 @@ def describe_end(reason: Failure) -> str:
 
 
 class _OutputLog(Logger):
-    """ProcessMonitor's logger, without blank output lines.
+    """ProcessMonitor's logger, without blank output lines, and with a worker's JSON
+    lines (``log_format: json``) handed on as the objects they are.
 
     Its output relay also ends each stream with a blank line when the child exits
     (it tests ``bytes[-1] == b"\\n"``, which is never true), so blank lines are dropped.
@@ -166,7 +168,23 @@ class _OutputLog(Logger):
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: object) -> None:
         if "stream" in kwargs and not str(kwargs.get("line", "")).strip():
             return
+        relayed = _json_object(kwargs.get("line"))
+        if relayed is not None:  # a worker's JSON line (log_format: json): kept whole
+            kwargs["worker_json"] = relayed | {"worker": kwargs.get("tag")}
+            with suppress(KeyError, TypeError):
+                level = LogLevel.levelWithName(str(relayed.get("level")))
         super().emit(level, format, **kwargs)
+
+
+def _json_object(line: object) -> dict[str, object] | None:
+    """A worker's output line that is one JSON object with an ``event``, else ``None``."""
+    if not isinstance(line, str) or not line.startswith("{"):
+        return None
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) and "event" in parsed else None
 
 
 class _Monitor(ProcessMonitor):
