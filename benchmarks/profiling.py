@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument(
         "--features",
         action="store_true",
-        help="profile the crossbar with keys, cache_affinity and the JSON log (the load sends the key)",
+        help="profile the crossbar with keys, cache_affinity and the JSON log (the key is sent)",
     )
     args = parser.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
