@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import re
 import threading
 import time
@@ -378,3 +379,22 @@ def test_with_workers_every_request_line_is_an_object(tmp_path: Path) -> None:
     by_worker = {r.get("worker") for r in requests}
     assert by_worker == {None, "worker-1"}, by_worker  # worker 0's own, and worker 1's
     assert not [line for line in lines if "lab - GET" in str(line.get("text", ""))]
+
+
+def test_the_json_time_is_what_datetime_writes() -> None:
+    """The second's text is kept from line to line; the milliseconds, rounding included,
+    are what ``datetime`` makes of the same time."""
+    from datetime import UTC, datetime
+
+    from crossbar.logformat import _time
+
+    rng = random.Random(7)
+    base = 1_764_600_000
+    edges = (0.0, 0.0004995, 0.0005, 0.4999999, 0.9994999, 0.9995, 0.9999994, 0.9999996)
+    times = [base + rng.random() * 86_400 for _ in range(20_000)]
+    times += [float(base + s) + e for s in range(3) for e in edges]
+    times += [0, 1, base, -1.25]
+    for when in times:
+        expected = datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds")
+        assert _time(when) == expected, when
+    assert _time(None) is None and _time("x") is None
