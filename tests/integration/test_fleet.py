@@ -45,6 +45,8 @@ POLL = "250ms"
 POLL_SECONDS = 0.25
 QUIET_MINUTE = 60.0
 SEEN_TIMEOUT = 10.0  # crossbar must notice a router's change within a few polls
+LOG_TIMEOUT = 5.0
+"""Seconds for a line to reach crossbar's log, which writes a batch at a time (0.1 s)."""
 ROUTER_BACK_TIMEOUT = 30.0
 REQUEST_TIMEOUT = 60.0
 ROUTE = "lab"
@@ -314,7 +316,8 @@ def test_model_resident_only_on_the_second_router_goes_there(fleet: Fleet) -> No
     assert answer.host == "gpu-b", "gpu-a is first in the route, but only gpu-b has it loaded"
     assert answer.json()["model"] == "shared"
     assert statuses_of(fleet.a)["shared"] == "unloaded", "gpu-a must not have loaded it"
-    assert f"{ROUTE} gpu-b POST /v1/chat/completions 200" in fleet.proxy.log_text()
+    line = f"{ROUTE} gpu-b POST /v1/chat/completions 200"
+    assert fleet.proxy.wait(lambda: line in fleet.proxy.log_text(), LOG_TIMEOUT), line
 
 
 def test_model_resident_nowhere_goes_to_a_router_that_knows_it_which_loads_it(
@@ -480,7 +483,7 @@ def test_stopped_router_moves_traffic_and_comes_back_after_two_good_polls(
 
     host = wait_until(down, SEEN_TIMEOUT, "crossbar's status shows gpu-a down")
     assert host["last_err"], host
-    assert "host gpu-a is down" in proxy.log_text()
+    assert proxy.wait(lambda: "host gpu-a is down" in proxy.log_text(), LOG_TIMEOUT)
     # Everything goes to gpu-b now, even a model only gpu-a knows (gpu-b refuses it).
     answer = chat("tiny-a")
     assert (answer.status, answer.host) == (200, "gpu-b"), answer
@@ -518,7 +521,11 @@ def test_stopped_router_moves_traffic_and_comes_back_after_two_good_polls(
     assert (1, False, "gpu-b") in history, f"one good poll is not enough: {history}"
     assert all(choice == "gpu-b" for _, healthy, choice in history if not healthy), history
     assert history[first_healthy][2] == "gpu-a", history
-    assert "host gpu-a is up" in proxy.log_text().split("host gpu-a is down")[-1]
+
+    def back_up() -> bool:
+        return "host gpu-a is up" in proxy.log_text().split("host gpu-a is down")[-1]
+
+    assert proxy.wait(back_up, LOG_TIMEOUT)
 
     # Traffic comes back: a model only gpu-a knows is served there again; a model still loaded
     # on gpu-b (and not on the restarted gpu-a) stays there, per the choice rule.
