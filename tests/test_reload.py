@@ -469,3 +469,37 @@ def test_the_units_reload_checks_the_file_before_the_signal(
         assert "reload refused" not in daemon.output()  # the bad file never reached it
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_post_to_any_worker_reloads_every_worker(
+    tmp_path: Path, two_hosts: tuple[Daemon, Daemon]
+) -> None:
+    a, b = two_hosts
+    port = free_port()
+    head = f'listen: "tcp:{port}:interface=127.0.0.1"\nstatus_keys: [admin-key]\n'
+    daemon = start_daemon(tmp_path, head + _fleet_yaml(a.url, b.url, "gpu-a", workers=2), port=port)
+    try:
+        assert daemon.wait(lambda: "[worker-1]" in daemon.output(), 20), daemon.log()
+        _rewrite(tmp_path / "crossbar.yaml", head + _fleet_yaml(a.url, b.url, "gpu-b", workers=2))
+        answers = []
+        for _ in range(8):  # new connections: the kernel spreads them over both workers
+            request = urllib.request.Request(
+                daemon.url + "/_crossbar/reload",
+                data=b"",
+                headers={"Authorization": "Bearer admin-key"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                answers.append(json.loads(answer.read()))
+        assert all(answer["reloaded"] for answer in answers), answers
+
+        def both_reloaded() -> bool:
+            text = daemon.output()
+            return "[worker-1] reloaded /" in text and "reloaded crossbar.yaml: routes" in text
+
+        assert daemon.wait(both_reloaded, 15), daemon.log()
+        for _ in range(6):
+            assert _post(daemon.url, CHAT, {**ASK, "max_tokens": 1})[0] == 200
+        assert daemon.wait(lambda: _served(daemon, "gpu-b") == 6, 5), daemon.log()
+        assert _served(daemon, "gpu-a") == 0
+    finally:
+        assert daemon.stop() == 0
