@@ -142,6 +142,8 @@ class Crossbar(MultiService):
             self.status_listener.setServiceParent(self)
         self.listener = Listener(endpoint, self.site, name=shown_listen(config.listen))
         self.listener.setServiceParent(self)
+        if shared:
+            self.listener.listening.addCallback(self._accept_once_polled)
         if worker is None or worker.index == 0:
             self.listener.listening.addCallback(self._announce)
 
@@ -229,6 +231,22 @@ class Crossbar(MultiService):
                 site.limits = config.limits
         self.config = self.status.config = config
         self.proxy.context = self._context(config, self._reactor)
+
+    def _accept_once_polled(self, port: Any) -> Any:
+        """A port shared with other processes (workers, an upgrade's old crossbar) takes
+        no connection before every host has been polled once: the kernel sends this
+        process its share of new connections as soon as it listens, and until its polls
+        end it knows of no healthy host (a 503 for each). They wait in the backlog
+        meanwhile, and are served, not refused."""
+        port.stopReading()
+
+        def accept(_: object) -> None:
+            reading: Any = port
+            if self.listener.port is not None:  # not closed meanwhile
+                reading.startReading()
+
+        self.poller.first_round.addCallback(accept)
+        return port
 
     def _announce(self, port: IListeningPort) -> None:
         """Say what this crossbar serves, with the base URLs to paste into an agent."""

@@ -143,12 +143,16 @@ class Poller(Service):
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
+        self.first_round: Deferred[None] = Deferred()
+        """Fires once every host's first poll has ended, well or not (set at start)."""
 
     def startService(self) -> None:
         super().startService()
         self._stopping = False
         for name in self.table.names:
             self._watch(name)
+        first = [d for d in self._running.values() if not d.called]
+        self.first_round = DeferredList(first, consumeErrors=True).addCallback(lambda _: None)
 
     def set_hosts(
         self, client: _HTTPGetter, keys: Mapping[str, Secret], restart: Iterable[str] = ()
