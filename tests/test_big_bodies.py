@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.plain_host import PlainHost, serve_plain
 from tests.support import Daemon, accepts, free_port, memory, start_daemon
 
 MiB = 1024 * 1024
@@ -52,63 +53,9 @@ takes 120 ms: with one every 100 ms, a poll of it is nearly always in flight, so
 that stalled for longer than the 1 s poll timeout would mark it down."""
 
 
-class Host(http.server.BaseHTTPRequestHandler):
-    """A host in this process: lists one model, answers polls after ``poll_delay`` for
-    each of its two requests, and a completion as soon as it has read the request's body
-    (the simulator would read a 15 MiB body with json.loads, and take a CPU for a second
-    from the processes measured)."""
-
-    protocol_version = "HTTP/1.1"
-    model = "tiny-b"
-    poll_delay = 0.0
-    received: list[bytes] = []
-    """The SHA-256 of every request body it read."""
-
-    def do_GET(self) -> None:
-        time.sleep(self.poll_delay)
-        if self.path == "/health":
-            self.answer({"status": "ok"})
-        else:
-            self.answer({"data": [{"id": self.model, "status": {"value": "loaded"}}]})
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.received.append(hashlib.sha256(body).digest())
-        message = {"role": "assistant", "content": "ok"}
-        self.answer({"model": self.model, "choices": [{"index": 0, "message": message}]})
-
-    def answer(self, doc: object) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class Busy(Host):
+class Busy(PlainHost):
     model = "tiny-c"
     poll_delay = 0.06
-
-
-class Hosts(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # crossbar closing a kept-alive connection is no error
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-def serve(handler: type[Host]) -> Hosts:
-    server = Hosts(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def simulator(tmp: Path) -> Daemon:
@@ -236,7 +183,7 @@ def send_big(pid: int, port: int, idle: int, askers: list[SmallAsker], slowly: b
 def test_a_15_mib_body_stalls_no_one_and_costs_less_than_twice_its_size(tmp_path: Path) -> None:
     assert 14 * MiB < len(BIG) < 15 * MiB
     sim = simulator(tmp_path)
-    servers = [serve(Host), serve(Busy)]
+    servers = [serve_plain(PlainHost), serve_plain(Busy)]
     crossbar: Daemon | None = None
     askers: list[SmallAsker] = []
     try:
@@ -268,7 +215,7 @@ def test_a_15_mib_body_stalls_no_one_and_costs_less_than_twice_its_size(tmp_path
         assert " is down" not in log, log[-3000:]
         for name in HOSTS:
             assert '"healthy": true' in status(crossbar, name)
-        assert Host.received == [hashlib.sha256(BIG).digest()] * 2  # every byte, in order
+        assert PlainHost.received == [hashlib.sha256(BIG).digest()] * 2  # every byte, in order
         for send in sends:
             assert (send.code, send.host) == (200, "gpu-b")
             assert len(send.small) >= len(askers), "no small request overlapped the big one"

@@ -8,8 +8,6 @@ import http.client
 import http.server
 import json
 import threading
-import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plain_host import PlainHost, serve_plain
 from tests.support import Daemon, free_port, start_daemon, start_simulator
 
 CHAT = "/lab/v1/chat/completions"
@@ -140,44 +139,22 @@ def test_without_the_flag_a_second_crossbar_cannot_open_the_port(
         first.stop()
 
 
-class _SlowHealth(http.server.BaseHTTPRequestHandler):
-    """A host whose health check takes a second: crossbar's first poll of it is slow."""
+class _SlowPolls(PlainHost):
+    """A host whose polls take half a second each: crossbar's first poll of it is slow."""
 
-    models = b""
-
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            time.sleep(1.0)
-            self._send(b'{"status":"ok"}')
-        else:
-            self._send(self.models)
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self._send(b'{"object":"chat.completion","choices":[]}')
-
-    def _send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    model = "tiny-a"
+    poll_delay = 0.5
+    received: list[bytes] = []
 
 
-def test_a_shared_port_takes_no_request_before_the_first_poll(tmp_path: Path, sim: Daemon) -> None:
+def test_a_shared_port_takes_no_request_before_the_first_poll(tmp_path: Path) -> None:
     """Its share of new connections waits in the backlog until the hosts are known:
     answered then, not refused with 503 for want of a healthy host."""
-    with urllib.request.urlopen(sim.url + "/v1/models", timeout=5) as answer:
-        _SlowHealth.models = answer.read()
-    slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowHealth)
-    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    slow = serve_plain(_SlowPolls)
     port = free_port()
     yaml = (
         f'listen: "tcp:{port}:interface=127.0.0.1"\nlisten_reuse_port: true\n'
-        f"hosts:\n  slow: http://127.0.0.1:{slow.server_address[1]}\n"
+        f"hosts:\n  slow: {slow.url}\n"
         "routes:\n  lab: {hosts: [slow], default_model: tiny-a}\n"
     )
     daemon = start_daemon(tmp_path, yaml, port=port)  # returns once the port accepts
