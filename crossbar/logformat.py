@@ -158,7 +158,7 @@ def writer(observer: ILogObserver, log_format: str, reactor: Any) -> ILogObserve
     JSON as its words.
     """
     if not isinstance(observer, FileLogObserver):
-        return _JSONWords(observer) if log_format == "json" else observer
+        return as_json(observer) if log_format == "json" else observer
     batches = Batches(observer, json_line if log_format == "json" else TwistdText(), reactor)
     reactor.callWhenRunning(batches.start, reactor)
     return batches

@@ -227,8 +227,8 @@ class Crossbar(MultiService):
             )
         for site, guard in guards:
             site.guard = guard
-            if site.limits is self.config.limits:
-                site.limits = config.limits
+        for site in self._sites:  # the sites that serve clients: the config's limits
+            site.limits = config.limits
         self.config = self.status.config = config
         self.proxy.context = self._context(config, self._reactor)
 
@@ -241,9 +241,8 @@ class Crossbar(MultiService):
         port.stopReading()
 
         def accept(_: object) -> None:
-            reading: Any = port
             if self.listener.port is not None:  # not closed meanwhile
-                reading.startReading()
+                port.startReading()
 
         self.poller.first_round.addCallback(accept)
         return port

@@ -503,3 +503,13 @@ def test_a_post_to_any_worker_reloads_every_worker(
         assert _served(daemon, "gpu-a") == 0
     finally:
         assert daemon.stop() == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_reloaded_limits_hold_for_the_next_request(make: RigMaker) -> None:
+    rig = await make({"gpu-a": SimulatedHost()})
+    config = rig.crossbar.config
+    assert (await rig.post(CHAT, ASK))[0].code == 200
+    rig.reload(attrs.evolve(config, limits=attrs.evolve(config.limits, max_body=10)))
+    answer, body = await rig.post(CHAT, ASK)
+    assert (answer.code, json.loads(body)) == (413, {"error": "body too large"})

@@ -38,20 +38,6 @@ class Changes:
     other: tuple[str, ...] = ()
     """The top-level keys, other than hosts and routes, whose value changed."""
 
-    @property
-    def nothing(self) -> bool:
-        """Whether the new config is the old one (a reload with no edit)."""
-        return not (
-            self.added
-            or self.removed
-            or self.readdressed
-            or self.routes_added
-            or self.routes_removed
-            or self.routes_changed
-            or self.other
-            or self.hosts_retuned
-        )
-
     def summary(self) -> str:
         """One line: what changed, by name, never by value (keys may be secret)."""
         parts = []
