@@ -27,9 +27,11 @@ from crossbar.fleet.affinity import (
     Conversations,
     Load,
     _LiveCounts,
+    rank,
+    ranked_hosts,
     rendezvous,
 )
-from crossbar.server.conversation import conversation_key
+from crossbar.server.conversation import read_conversation
 from crossbar.testing import Reader, RigMaker, SimulatedHost, rigs, wait_state
 from tests.support import Daemon, free_port, start_daemon, start_simulator
 
@@ -57,9 +59,9 @@ def body(first: str, turn: int = 1, model: str = "tiny-a") -> dict[str, Any]:
 
 
 def home_of(first: str, hosts: list[str]) -> str:
-    key = conversation_key(b"/v1/chat/completions", json.dumps(body(first)).encode(), "tiny-a")
-    assert key is not None
-    return rendezvous(key, hosts)[0]
+    found = read_conversation(b"/v1/chat/completions", json.dumps(body(first)).encode(), "tiny-a")
+    assert found is not None
+    return rendezvous(found.key, hosts)[0]
 
 
 def homed(host: str, hosts: list[str], count: int, prefix: str = "task") -> list[str]:
@@ -173,6 +175,93 @@ def test_slots_send_a_new_conversation_past_a_full_home() -> None:
     assert table.live("gpu-a", later) == 0
     fresh = table.place(on_a[10], group, {}, 1.5, now=later)
     assert fresh is not None and (fresh.host, fresh.outcome) == ("gpu-a", "new")
+
+
+SLOTS = {"gpu-a": 4, "gpu-b": 4, "gpu-c": 4}
+
+
+def take_turns(
+    tables: list[Conversations], conversations: list[bytes], rounds: int, numbered: bool = True
+) -> list[list[str]]:
+    """Every conversation's turns 0..rounds-1, all first turns at once, then all second
+    ones...; turn ``t`` of conversation ``i`` through ``tables[(i + t) % len(tables)]``
+    (``numbered``: with its turn, as a chat completion has). The hosts each went to."""
+    went: list[list[str]] = [[] for _ in conversations]
+    for turn in range(rounds):
+        for i, key in enumerate(conversations):
+            table = tables[(i + turn) % len(tables)]
+            number = turn if numbered else None
+            placed = table.place(key, HOSTS, {}, 1.5, now=T0 + turn, turn=number)
+            assert placed is not None
+            went[i].append(placed.host)
+    return went
+
+
+def moves(went: list[list[str]], since: int = 1) -> int:
+    """Turns (from turn ``since`` on) sent to another host than the turn before."""
+    return sum(hosts[t] != hosts[t - 1] for hosts in went for t in range(since, len(hosts)))
+
+
+def test_two_replicas_taking_turns_agree_on_hosts_with_slots() -> None:
+    """Each replica sees every other turn, and all first turns come at once: the two
+    agree from the third turn on, and no host holds more conversations than slots."""
+    conversations = keys(12, seed=7)
+    assert max(Counter(rendezvous(k, HOSTS)[0] for k in conversations).values()) > 4
+    went = take_turns([Conversations(SLOTS), Conversations(SLOTS)], conversations, 8)
+    assert moves(went, since=3) == 0
+    assert max(Counter(hosts[-1] for hosts in went).values()) <= 4
+    blind = [Conversations(SLOTS), Conversations(SLOTS)]  # each deciding on its own view
+    assert moves(take_turns(blind, conversations, 8, numbered=False), since=3) > 0
+
+
+def test_one_crossbar_that_sees_every_turn_never_ranks() -> None:
+    """Alone, the first come keep their home and the later ones move: nothing moves after."""
+    conversations = keys(12, seed=7)
+    table = Conversations(SLOTS)
+    went = take_turns([table], conversations, 6)
+    assert moves(went) == 0
+    blind = Conversations(SLOTS)  # the same turns without their numbers
+    for key in conversations:
+        blind.place(key, HOSTS, {}, 1.5, now=T0)
+    assert [hosts[0] for hosts in went] == [blind.host_of(k) for k in conversations]
+
+
+def test_a_skipped_turn_or_a_late_first_sight_ranks_the_conversation() -> None:
+    conversations = keys(12, seed=7)
+    table = Conversations(SLOTS)
+    for key in conversations:
+        table.place(key, HOSTS, {}, 1.5, now=T0, turn=0)
+    ranked = ranked_hosts(conversations, HOSTS, SLOTS)
+    differ = [k for k in conversations if ranked[k] != table.host_of(k)]
+    assert differ, "the first come and the ranking disagree on some conversation"
+    key = differ[0]
+    placed = table.place(key, HOSTS, {}, 1.5, now=T0 + 1, turn=1)
+    assert placed is not None and placed.host == table.host_of(key) != ranked[key]
+    placed = table.place(key, HOSTS, {}, 1.5, now=T0 + 2, turn=3)  # turn 2 went elsewhere
+    assert placed is not None and placed.host == ranked[key]
+    placed = table.place(key, HOSTS, {}, 1.5, now=T0 + 3, turn=4)  # and it stays ranked
+    assert placed is not None and placed.host == ranked[key]
+    stranger = Conversations(SLOTS)  # a crossbar that never saw turns 0 and 1
+    for turn in (2, 3):  # it knows them all from the second round on
+        for other in conversations:
+            stranger.place(other, HOSTS, {}, 1.5, now=T0 + turn, turn=turn)
+    assert {k: stranger.host_of(k) for k in conversations} == ranked
+
+
+def test_the_ranking_depends_on_the_set_alone_and_fills_slots() -> None:
+    conversations = keys(40, seed=3)
+    ranked = ranked_hosts(conversations, HOSTS, {"gpu-a": 4, "gpu-b": 4})
+    assert (
+        ranked_hosts(reversed(conversations), list(reversed(HOSTS)), {"gpu-a": 4, "gpu-b": 4})
+        == ranked
+    )
+    counts = Counter(ranked.values())
+    assert counts["gpu-a"] == counts["gpu-b"] == 4  # full; gpu-c has no slots: no limit
+    assert counts["gpu-c"] == 32
+    crowded = ranked_hosts(conversations, HOSTS, SLOTS)  # 40 for 12 slots
+    by_rank = sorted(conversations, key=rank, reverse=True)
+    assert Counter(crowded[k] for k in by_rank[:12]) == Counter(SLOTS)
+    assert all(crowded[k] == rendezvous(k, HOSTS)[0] for k in by_rank[12:])  # no room: home
 
 
 def test_the_table_drops_the_least_recently_seen_first() -> None:

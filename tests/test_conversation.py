@@ -13,16 +13,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crossbar.server.conversation import PROMPT_BYTES, conversation_key
+from crossbar.server.conversation import PROMPT_BYTES, Conversation, read_conversation
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
 
 
-def key(body: bytes | dict[str, Any], path: bytes = CHAT, model: str | None = "m") -> bytes | None:
+def read(
+    body: bytes | dict[str, Any], path: bytes = CHAT, model: str | None = "m"
+) -> Conversation | None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return conversation_key(path, data, model)
+    return read_conversation(path, data, model)
+
+
+def key(body: bytes | dict[str, Any], path: bytes = CHAT, model: str | None = "m") -> bytes | None:
+    found = read(body, path, model)
+    return None if found is None else found.key
 
 
 def turns(first: str, count: int) -> list[list[dict[str, Any]]]:
@@ -90,10 +97,10 @@ def test_the_openai_sdk_keeps_its_key_across_turns() -> None:
         reply = client.chat.completions.create(model="m", messages=messages)
         messages += [reply.choices[0].message, {"role": "user", "content": f"more {turn}"}]
     assert len(bodies) == 3 and bodies[0] != bodies[1]
-    assert len({conversation_key(CHAT, body, "m") for body in bodies}) == 1
+    assert len({key(body) for body in bodies}) == 1
     other = [messages[0], {"role": "user", "content": "something else"}]
     client.chat.completions.create(model="m", messages=other)
-    assert conversation_key(CHAT, bodies[-1], "m") != conversation_key(CHAT, bodies[0], "m")
+    assert key(bodies[-1]) != key(bodies[0])
 
 
 def opencode_body(turn: int, first: str = "add a test") -> dict[str, Any]:
@@ -199,13 +206,13 @@ def test_a_completion_is_known_by_the_start_of_its_prompt() -> None:
     ],
 )
 def test_a_request_without_a_conversation_has_no_key(path: bytes, body: bytes) -> None:
-    assert conversation_key(path, body, "m") is None
+    assert read(body, path) is None
 
 
 @given(st.binary(max_size=2000), st.sampled_from([CHAT, COMPLETIONS]))
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_bytes_give_a_key_or_none_never_an_error(body: bytes, path: bytes) -> None:
-    found = conversation_key(path, body, "m")
+    found = key(body, path)
     assert found is None or len(found) == 16
 
 
@@ -223,3 +230,26 @@ _json = st.recursive(
 def test_any_json_messages_give_a_key_or_none_never_an_error(messages: list[Any]) -> None:
     found = key({"messages": messages})
     assert found is None or len(found) == 16
+
+
+def test_the_turn_counts_the_answers_the_client_sent_back() -> None:
+    """A replica that sees turn 3 after turn 1 knows another one answered turn 2."""
+    history = turns("fix the parser", 4)
+    found = [read({"messages": messages}) for messages in history]
+    assert [None if f is None else f.turn for f in found] == [0, 1, 2, 3]
+    tools = [
+        *history[1],
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "a", "content": "ok"},
+    ]
+    with_tools = read({"messages": tools})
+    assert (
+        with_tools is not None
+        and with_tools.turn == 2
+        and with_tools.key == key({"messages": history[0]})
+    )
+
+
+def test_a_completion_has_no_turn() -> None:
+    found = read({"prompt": "def main():"}, COMPLETIONS)
+    assert found is not None and found.turn is None

@@ -23,9 +23,18 @@ one of the group has (else where it would have gone: no host is better).
 recently seen is dropped first) maps to the host its last turn went to. A conversation
 that was moved is found there, and its later turns follow it to where its cache now is;
 when that host is not in the group any more, the hash decides again. An entry has a
-fixed size (a 16-byte key, a reference to a host name of the config, a time bucket), so
-the cap on entries caps its bytes too. It is this crossbar's own: another replica knows
-only the conversations it moved itself.
+fixed size (a 16-byte key, a reference to a host name of the config, a time bucket, a
+turn), so the cap on entries caps its bytes too. It is this crossbar's own.
+
+**Replicas.** Slots are decided on what this crossbar has seen, so two replicas that
+take turns of one conversation would each move it their own way and send every other
+turn to a host without its cache. A chat completion carries its turn (its ``assistant``
+messages). A conversation first seen after its first turn, or one whose turn has gone up
+by more than one since this crossbar saw it, is answered by another replica too, and
+from then on is *ranked*: all live conversations of the group, in the order of a second
+hash, each take the first host by weight that has a slot left (no ``slots``: no limit).
+That depends on the set of live conversations only, not on who came first, so replicas
+that have seen the same ones agree. One crossbar alone never ranks: it sees every turn.
 
 Pure rules, no I/O: the time comes from the caller.
 """
@@ -33,7 +42,7 @@ Pure rules, no I/O: the time comes from the caller.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from hashlib import blake2b
 from typing import Literal
 
@@ -64,6 +73,26 @@ def rendezvous(key: bytes, hosts: Sequence[str]) -> list[str]:
     return sorted(hosts, key=lambda host: (weight(key, host), host), reverse=True)
 
 
+def rank(key: bytes) -> bytes:
+    """The conversation's place in the order ranked conversations take slots in."""
+    return blake2b(key + b"\x00rank", digest_size=8).digest()
+
+
+def ranked_hosts(
+    keys: Iterable[bytes], group: Sequence[str], slots: Mapping[str, int]
+) -> dict[bytes, str]:
+    """Where each of ``keys`` goes when, in :func:`rank` order, each takes its first host
+    by weight with a slot left (its home when none has): a function of the set alone."""
+    taken = dict.fromkeys(group, 0)
+    placed = {}
+    for key in sorted(keys, key=rank, reverse=True):
+        order = rendezvous(key, group)
+        host = next((h for h in order if h not in slots or taken[h] < slots[h]), order[0])
+        taken[host] += 1
+        placed[key] = host
+    return placed
+
+
 class Load:
     """The bounded-load rule over one group's requests in flight, read once per choice."""
 
@@ -92,11 +121,14 @@ class Placement:
 
 
 class _Entry:
-    __slots__ = ("host", "tick")
+    __slots__ = ("host", "ranked", "tick", "turn")
 
-    def __init__(self, host: str, tick: int) -> None:
+    def __init__(self, host: str, tick: int, turn: int) -> None:
         self.host = host
         self.tick = tick
+        self.turn = turn
+        """The highest turn seen (-1: none, a completion)."""
+        self.ranked = False
 
 
 class _LiveCounts:
@@ -159,6 +191,9 @@ class Conversations:
         self._live = {host: _LiveCounts() for host in self.slots}
         self._tick = _NEVER
         """The last tick seen, one int object shared by the entries of its 10 s."""
+        self._version = 0
+        """Counts conversations added and dropped: the ranking is computed again after."""
+        self._ranking: tuple[object, dict[bytes, str]] = (None, {})
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -168,6 +203,7 @@ class Conversations:
         them are counted again from the table, so a host given slots starts right."""
         self.slots = dict(slots)
         self._live = {host: _LiveCounts() for host in self.slots}
+        self._version += 1
         for entry in self._entries.values():
             counts = self._live.get(entry.host)
             if counts is not None:
@@ -202,30 +238,60 @@ class Conversations:
         max_load: float,
         now: float,
         exclude: Sequence[str] = (),
+        turn: int | None = None,
     ) -> Placement | None:
         """Choose among ``group`` (the best group of healthy hosts, in route order) for
-        one request of conversation ``key``, and remember it. Hosts in ``exclude`` (tried
-        already) are passed over, but the home is still the group's: a retry elsewhere is
-        a move. ``None`` when no host of the group is left."""
+        one request of conversation ``key`` at ``turn``, and remember it. Hosts in
+        ``exclude`` (tried already) are passed over, but the home is still the group's: a
+        retry elsewhere is a move. ``None`` when no host of the group is left."""
         order = rendezvous(key, group)
         hosts = [host for host in order if host not in exclude]
         if not hosts:
             return None
         home = order[0]
-        last = self.host_of(key)
-        if last is not None and last in hosts and last != home:
-            hosts.remove(last)
-            hosts.insert(0, last)  # its cache is there now
+        entry = self._entries.get(key)
+        ranked = self._answered_elsewhere(entry, turn)
+        first = self._ranked_host(key, group, now) if ranked else entry and entry.host
+        if first is not None and first in hosts and first != hosts[0]:
+            hosts.remove(first)
+            hosts.insert(0, first)  # its cache is there (or, ranked, will be)
         load = Load(hosts, in_flight, max_load)
         host = hosts[0]
-        if not load.fits(host) or not self._room_for(key, host, hosts, now):
+        if not load.fits(host) or not (ranked or self._room_for(key, host, hosts, now)):
             roomy = [h for h in hosts if self.has_room(h, now)] if self.slots else hosts
             host = next((h for h in roomy if load.fits(h)), None) or next(
                 h for h in hosts if load.fits(h)
             )
-        outcome: AffinityOutcome = "moved" if host != home else "home" if last else "new"
-        self.remember(key, host, now)
+        outcome: AffinityOutcome = "moved" if host != home else "home" if entry else "new"
+        self.remember(key, host, now, turn, ranked)
         return Placement(host, home, outcome)
+
+    def _answered_elsewhere(self, entry: _Entry | None, turn: int | None) -> bool:
+        """Whether the conversation is ranked: another replica answers turns of it too
+        (only with ``slots``, the one rule replicas could disagree on)."""
+        if turn is None or not self.slots:
+            return False
+        if entry is None:
+            return turn > 0
+        return entry.ranked or turn > entry.turn + 1
+
+    def _ranked_host(self, key: bytes, group: Sequence[str], now: float) -> str:
+        """Where :func:`ranked_hosts` puts ``key`` among the conversations live on the
+        group's hosts; computed again only when conversations come or go."""
+        tick = self._now(now)
+        stamp = (tuple(group), self._version, tick)
+        cached, placed = self._ranking
+        if cached != stamp or key not in placed:
+            hosts = set(group)
+            live = [key]
+            for other, entry in reversed(self._entries.items()):
+                if entry.tick <= tick - _BUCKETS:
+                    break  # the table is in the order of last turns: the rest are older
+                if entry.host in hosts and other != key:
+                    live.append(other)
+            placed = ranked_hosts(live, group, self.slots)
+            self._ranking = (stamp, placed)
+        return placed[key]
 
     def _room_for(self, key: bytes, host: str, hosts: Sequence[str], now: float) -> bool:
         """Whether the conversation may stay on ``host`` as far as slots go: it is live
@@ -236,8 +302,11 @@ class Conversations:
             return True
         return not any(self.has_room(h, now) for h in hosts)
 
-    def remember(self, key: bytes, host: str, now: float) -> None:
-        """The conversation's latest turn went to ``host`` at ``now``."""
+    def remember(
+        self, key: bytes, host: str, now: float, turn: int | None = None, ranked: bool = False
+    ) -> None:
+        """The conversation's latest turn (``turn``, if known) went to ``host`` at ``now``;
+        ``ranked``: it is ranked from now on."""
         tick = self._now(now)
         entries = self._entries
         entry = entries.get(key)
@@ -245,11 +314,15 @@ class Conversations:
             if len(entries) >= self.capacity:
                 _, oldest = entries.popitem(last=False)
                 self._uncount(oldest)
-            entry = entries[key] = _Entry(host, tick)
+            entry = entries[key] = _Entry(host, tick, -1)
+            self._version += 1
         else:
             entries.move_to_end(key)
             self._uncount(entry)
             entry.host, entry.tick = host, tick
+        if turn is not None and turn > entry.turn:
+            entry.turn = turn
+        entry.ranked = entry.ranked or ranked
         counts = self._live.get(host)
         if counts is not None:
             counts.add(tick)

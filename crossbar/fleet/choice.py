@@ -95,17 +95,19 @@ def place(
     key: bytes,
     now: float,
     exclude: Sequence[str] = (),
+    turn: int | None = None,
 ) -> Placement | None:
-    """Where a request of conversation ``key`` goes on a ``cache_affinity`` route, as
+    """Where a request of conversation ``key`` (at ``turn``) goes on a ``cache_affinity`` route, as
     :class:`~crossbar.fleet.affinity.Conversations` rules it, within the best group.
     Hosts tried already are passed over; when they were the whole best group, the next
     best group is placed in. ``None`` when no healthy host is left."""
     group = [s.name for s in best_group(route.hosts, model, states)]
-    placed = conversations.place(key, group, in_flight, route.affinity_max_load, now, exclude)
+    max_load = route.affinity_max_load
+    placed = conversations.place(key, group, in_flight, max_load, now, exclude, turn)
     if placed is None and group:
         rest = [s.name for s in best_group(route.hosts, model, states, exclude)]
         if rest:
-            placed = conversations.place(key, rest, in_flight, route.affinity_max_load, now)
+            placed = conversations.place(key, rest, in_flight, max_load, now, turn=turn)
     return placed
 
 

@@ -11,6 +11,12 @@ conversation shares, and other conversations do not, is its start:
 - a completion (``/v1/completions``): the first :data:`PROMPT_BYTES` bytes of the prompt;
 - plus the model: another model on the same host has a cache of its own.
 
+A chat completion also tells how far its conversation has gone: its *turn* is the number
+of ``assistant`` messages in it (each answer a client got comes back in the next turn).
+A crossbar that sees turn 5 of a conversation after turn 3 knows another replica
+answered turn 4 (:mod:`crossbar.fleet.affinity` places such conversations by a rule every
+replica computes alike). A completion has no turns.
+
 The key is a BLAKE2b digest, never Python's ``hash()`` (salted per process): two crossbar
 replicas must compute the same key for the same body. Only the role and the content of
 each message count, decoded: a client that writes a message again with its keys in
@@ -30,6 +36,7 @@ from __future__ import annotations
 from hashlib import blake2b
 from typing import Any
 
+import attrs
 import msgspec
 
 PROMPT_BYTES = 4096
@@ -47,6 +54,20 @@ class _Chat(msgspec.Struct):
     """Each message's JSON text, a view into the body: skipped, not built."""
 
 
+@attrs.frozen
+class Conversation:
+    """The conversation a request continues."""
+
+    key: bytes
+    turn: int | None
+    """The ``assistant`` messages of a chat completion (0 on its first turn); ``None``
+    for a completion."""
+
+
+class _Role(msgspec.Struct):
+    role: str = ""
+
+
 class _Message(msgspec.Struct):
     role: str = ""
     content: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
@@ -58,12 +79,13 @@ class _Completion(msgspec.Struct):
 
 _CHAT_DECODER = msgspec.json.Decoder(_Chat)
 _MESSAGE_DECODER = msgspec.json.Decoder(_Message)
+_ROLE_DECODER = msgspec.json.Decoder(_Role)
 _COMPLETION_DECODER = msgspec.json.Decoder(_Completion)
 _ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
 
 
-def conversation_key(path: bytes, body: bytes, model: str | None) -> bytes | None:
-    """The key of the conversation a request continues, or ``None`` when it has none.
+def read_conversation(path: bytes, body: bytes, model: str | None) -> Conversation | None:
+    """The conversation a request continues, or ``None`` when it has none.
 
     ``path`` is the route's part of the request path (``/v1/chat/completions``);
     ``model`` the model the request is for (the route's default filled in).
@@ -75,11 +97,17 @@ def conversation_key(path: bytes, body: bytes, model: str | None) -> bytes | Non
         view = view[len(_BOM) :]
     digest = blake2b(digest_size=KEY_BYTES)
     _field(digest, (model or "").encode())
+    turn: int | None = None
     try:
-        found = _chat(digest, view) if path == _CHAT else _prompt(digest, view)
+        if path == _CHAT:
+            turn = _chat(digest, view)
+            if turn is None:
+                return None
+        elif not _prompt(digest, view):
+            return None
     except _ERRORS:
         return None
-    return digest.digest() if found else None
+    return Conversation(digest.digest(), turn)
 
 
 def _field(digest: Any, data: bytes) -> None:
@@ -88,19 +116,21 @@ def _field(digest: Any, data: bytes) -> None:
     digest.update(data)
 
 
-def _chat(digest: Any, view: memoryview) -> bool:
+def _chat(digest: Any, view: memoryview) -> int | None:
+    """Hashes the conversation's start; its turn, or ``None`` when it has no start."""
     messages = _CHAT_DECODER.decode(view).messages
     if messages is msgspec.UNSET:
-        return False
+        return None
     _field(digest, b"chat")
-    for raw in messages:
+    for at, raw in enumerate(messages):
         message = _MESSAGE_DECODER.decode(raw)
         _field(digest, message.role.encode())
         content = message.content
         _field(digest, b"" if content is msgspec.UNSET else _content(content))
         if message.role == "user":
-            return True
-    return False
+            rest = messages[at + 1 :]
+            return sum(_ROLE_DECODER.decode(raw).role == "assistant" for raw in rest)
+    return None
 
 
 def _content(raw: msgspec.Raw) -> bytes:
@@ -122,6 +152,7 @@ def _content(raw: msgspec.Raw) -> bytes:
 
 
 def _prompt(digest: Any, view: memoryview) -> bool:
+    """Hashes the prompt's start; ``True`` when there is one."""
     prompt = _COMPLETION_DECODER.decode(view).prompt
     if prompt is msgspec.UNSET:
         return False

@@ -32,7 +32,7 @@ from crossbar.fleet import (
 )
 from crossbar.server.access import access_line, access_note
 from crossbar.server.context import ProxyContext
-from crossbar.server.conversation import conversation_key
+from crossbar.server.conversation import Conversation, read_conversation
 from crossbar.server.peek import peek_model, with_model
 from crossbar.server.rewrite import (
     BODYLESS,
@@ -74,8 +74,8 @@ class Exchange:
         self.asked: str | None = None
         """The model the request's body asks for (the route's default filled in), if it
         is a JSON object; a GET of /v1/models asks for none."""
-        self.conversation: bytes | None = None
-        """The conversation's key, on a ``cache_affinity`` route."""
+        self.conversation: Conversation | None = None
+        """The conversation, on a ``cache_affinity`` route."""
         self.placement: Placement | None = None
         """Where ``cache_affinity`` placed the conversation, for the last host tried."""
         self.client_gone = False
@@ -139,7 +139,7 @@ class Exchange:
         if body or request.method not in BODYLESS:
             self._forward_body = body
         if route.policy == "cache_affinity" and body and request.method == b"POST":
-            self.conversation = conversation_key(target.rest, body, self.model)
+            self.conversation = read_conversation(target.rest, body, self.model)
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
         client = getattr(request.getClientAddress(), "host", None) or "unknown"
         proxies = self.proxy.config.trusted_proxies
@@ -157,11 +157,12 @@ class Exchange:
         route = self.route
         assert route is not None
         traffic = self.proxy.traffic
-        if self.conversation is not None:
+        conversation = self.conversation
+        if conversation is not None:
             view, now = self.proxy.table.view, self.proxy.clock.seconds()
             placed = place(
                 route, self.model, view, traffic.in_flight, traffic.conversations,
-                self.conversation, now, self.tried,
+                conversation.key, now, self.tried, conversation.turn,
             )  # fmt: skip
             self.placement = placed
             if placed is not None:
