@@ -24,6 +24,7 @@ from crossbar.config import Config, RouteConfig
 from crossbar.fleet.affinity import (
     LIVE_SECONDS,
     MAX_CONVERSATIONS,
+    RANK_EXACT,
     Conversations,
     Load,
     _LiveCounts,
@@ -138,6 +139,8 @@ def test_the_load_bound_needs_both_a_share_above_the_average_and_2_more() -> Non
     assert Load(["a", "b", "c"], {"a": 2, "b": 1, "c": 1}, 1.0).fits("a")  # only 1 more
     assert Load(["a", "b"], {"a": 4, "b": 0}, 3.0).fits("a")  # within a looser bound
     assert Load(["a"], {"a": 50}, 1.5).fits("a")  # alone: never above its own average
+    assert Load(["a", "b"], {"a": 4, "b": 0}, 1.5, {"a": 5}).fits("a")  # a slot is free
+    assert not Load(["a", "b"], {"a": 5, "b": 0}, 1.5, {"a": 5}).fits("a")  # it would wait
     many = Load(["a", "b"], {"a": 10, "b": 8}, 1.5)
     assert many.fits("a") and many.fits("b")
 
@@ -214,6 +217,24 @@ def test_two_replicas_taking_turns_agree_on_hosts_with_slots() -> None:
     assert moves(take_turns(blind, conversations, 8, numbered=False), since=3) > 0
 
 
+def test_behind_replicas_a_new_conversation_is_ranked_from_its_first_turn() -> None:
+    """Once replicas know of each other, a conversation begun later stays on one host
+    from its first turn: the replica that gets its second turn ranks it, and so did the
+    one that got its first."""
+    replicas = [Conversations(SLOTS), Conversations(SLOTS)]
+    take_turns(replicas, keys(10, seed=7), 3)  # 10 live conversations, seen by both
+    went: list[list[str]] = []
+    for n, key in enumerate(keys(6, seed=8)):  # one more every second, 4 turns each
+        hosts = []
+        for turn in range(4):
+            table = replicas[(n + turn) % 2]
+            placed = table.place(key, HOSTS, {}, 1.5, now=T0 + 10 + n + turn, turn=turn)
+            assert placed is not None
+            hosts.append(placed.host)
+        went.append(hosts)
+    assert moves(went) == 0
+
+
 def test_one_crossbar_that_sees_every_turn_never_ranks() -> None:
     """Alone, the first come keep their home and the later ones move: nothing moves after."""
     conversations = keys(12, seed=7)
@@ -246,6 +267,31 @@ def test_a_skipped_turn_or_a_late_first_sight_ranks_the_conversation() -> None:
         for other in conversations:
             stranger.place(other, HOSTS, {}, 1.5, now=T0 + turn, turn=turn)
     assert {k: stranger.host_of(k) for k in conversations} == ranked
+
+
+def test_a_burst_of_first_sights_computes_the_ranking_once_a_second(monkeypatch: Any) -> None:
+    """A replica restarted amid 2,000 live conversations does not read them all again for
+    each one it sees (quadratic work on the reactor): beyond 256, once a second at most."""
+    import crossbar.fleet.affinity as affinity
+
+    computed: list[int] = []
+
+    def counted(live: Any, group: Any, slots: Any) -> dict[bytes, str]:
+        live = list(live)
+        computed.append(len(live))
+        return ranked_hosts(live, group, slots)
+
+    monkeypatch.setattr(affinity, "ranked_hosts", counted)
+    slots = {host: 700 for host in HOSTS}
+    table = Conversations(slots)
+    conversations = keys(2000, seed=5)
+    for i, key in enumerate(conversations):
+        table.place(key, HOSTS, {}, 1.5, now=T0 + i / 4000, turn=3)  # in half a second
+    assert computed == list(range(1, RANK_EXACT + 2))  # exact while small, then no more
+    assert max(table.live(host, T0 + 1) for host in HOSTS) <= 700  # slots still hold
+    again = table.place(conversations[0], HOSTS, {}, 1.5, now=T0 + 1.5, turn=4)
+    assert computed[RANK_EXACT + 1 :] == [2000] and again is not None
+    assert again.host == ranked_hosts(conversations, HOSTS, slots)[conversations[0]]
 
 
 def test_the_ranking_depends_on_the_set_alone_and_fills_slots() -> None:
@@ -508,9 +554,16 @@ def ready(port: int) -> bool:
         conn.close()
 
 
-def test_two_crossbar_processes_agree_on_every_conversations_host(tmp_path: Path) -> None:
-    """Each conversation's turns alternate between two replicas with the same config:
-    every turn lands on the same host, with nothing shared between the replicas."""
+TWO_REPLICAS_WITH_SLOTS = TWO_REPLICAS.replace(
+    "  gpu-a: http://127.0.0.1:{a}\n  gpu-b: http://127.0.0.1:{b}\n",
+    "  gpu-a:\n    url: http://127.0.0.1:{a}\n    slots: 2\n"
+    "  gpu-b:\n    url: http://127.0.0.1:{b}\n    slots: 2\n",
+)
+
+
+def alternate(tmp_path: Path, config: str, firsts: list[str], turns: int) -> list[list[str]]:
+    """Conversations beginning with ``firsts``, their turns alternating between two
+    ``twistd`` crossbars with ``config`` over two simulated hosts: where each turn went."""
     second = free_port()
     options = ["--models", "tiny-a=loaded", "--chunks", "2", "--chunk-interval", "0"]
     sim = start_simulator(
@@ -518,26 +571,41 @@ def test_two_crossbar_processes_agree_on_every_conversations_host(tmp_path: Path
     )
     daemons: list[Daemon] = []
     try:
-        config = TWO_REPLICAS.format(a=sim.port, b=second)
         for n in range(2):
             where = tmp_path / f"crossbar-{n}"
             where.mkdir()
-            daemons.append(start_daemon(where, config))
+            daemons.append(start_daemon(where, config.format(a=sim.port, b=second)))
         for daemon in daemons:
             assert daemon.wait(lambda d=daemon: ready(d.port), 10), daemon.log()
-        seen: dict[int, set[str]] = defaultdict(set)
-        for turn in range(1, 5):
-            for n in range(8):
+        went: list[list[str]] = [[] for _ in firsts]
+        for turn in range(1, turns + 1):
+            for n, first in enumerate(firsts):
                 replica = daemons[(n + turn) % 2]
-                seen[n].add(ask(replica.port, body(f"agent {n}", turn)))
-        assert all(len(where) == 1 for where in seen.values()), seen
-        assert {host for where in seen.values() for host in where} == {"gpu-a", "gpu-b"}
-        for daemon in daemons:
-            assert "moved from" not in daemon.output()
+                went[n].append(ask(replica.port, body(first, turn)))
+        return went
     finally:
         for daemon in daemons:
             daemon.stop()
         sim.stop()
+
+
+def test_two_crossbar_processes_agree_on_every_conversations_host(tmp_path: Path) -> None:
+    """Each conversation's turns alternate between two replicas with the same config:
+    every turn lands on the same host, with nothing shared between the replicas."""
+    went = alternate(tmp_path, TWO_REPLICAS, [f"agent {n}" for n in range(8)], 4)
+    assert all(len(set(hosts)) == 1 for hosts in went), went
+    assert {host for hosts in went for host in hosts} == {"gpu-a", "gpu-b"}
+
+
+def test_two_crossbar_processes_agree_on_hosts_with_slots(tmp_path: Path) -> None:
+    """Four conversations whose home is gpu-a, two slots a host: each replica first puts
+    the two it sees at home; from the third turn, when each has seen all four, they agree
+    on two a host and every turn goes where the one before went."""
+    firsts = homed("gpu-a", ["gpu-a", "gpu-b"], 4)
+    went = alternate(tmp_path, TWO_REPLICAS_WITH_SLOTS, firsts, 6)
+    assert all(hosts[0] == "gpu-a" for hosts in went), went
+    assert all(len(set(hosts[2:])) == 1 for hosts in went), went
+    assert Counter(hosts[-1] for hosts in went) == Counter({"gpu-a": 2, "gpu-b": 2}), went
 
 
 # -- a reload: slots given, changed or taken away (Conversations.set_slots) ---------------------

@@ -11,7 +11,9 @@ next heaviest host, and the others stay where their cache is.
 **Bounded load** ("consistent hashing with bounded loads"). A host whose requests in
 flight exceed ``max_load`` times the group's average (the new request counted) and that
 has at least 2 more than the least busy host is passed over: the conversation goes to
-its next host by weight that is within the bound (the least busy host always is).
+its next host by weight that is within the bound (the least busy host always is). A host
+with fewer requests in flight than its ``slots`` is never passed over: it starts the
+request at once, and moving would prefill the whole conversation again elsewhere.
 
 **Slots.** A host whose ``slots`` (its ``-np``) are known holds at most that many
 conversations' prompts. A conversation is *live* on a host when its last turn there
@@ -34,7 +36,9 @@ by more than one since this crossbar saw it, is answered by another replica too,
 from then on is *ranked*: all live conversations of the group, in the order of a second
 hash, each take the first host by weight that has a slot left (no ``slots``: no limit).
 That depends on the set of live conversations only, not on who came first, so replicas
-that have seen the same ones agree. One crossbar alone never ranks: it sees every turn.
+that have seen the same ones agree. While other replicas have been seen within
+:data:`LIVE_SECONDS`, new conversations are ranked from their first turn too. One
+crossbar alone never ranks: it sees every turn.
 
 Pure rules, no I/O: the time comes from the caller.
 """
@@ -59,6 +63,10 @@ LIVE_SECONDS = 300
 host's slots: an agent that has been quiet for 5 minutes has most likely finished, and
 its slot has gone to another prompt."""
 BUCKET_SECONDS = 10
+RANK_SECONDS = 1.0
+RANK_EXACT = 256
+"""The ranking of up to this many live conversations (under a millisecond) is computed
+again whenever one comes or goes; of more, at most once every :data:`RANK_SECONDS`."""
 _BUCKETS = LIVE_SECONDS // BUCKET_SECONDS
 _NEVER = -(1 << 62)
 
@@ -96,18 +104,25 @@ def ranked_hosts(
 class Load:
     """The bounded-load rule over one group's requests in flight, read once per choice."""
 
-    __slots__ = ("_in_flight", "_least", "_limit")
+    __slots__ = ("_in_flight", "_least", "_limit", "_slots")
 
-    def __init__(self, group: Sequence[str], in_flight: Mapping[str, int], max_load: float):
+    def __init__(
+        self,
+        group: Sequence[str],
+        in_flight: Mapping[str, int],
+        max_load: float,
+        slots: Mapping[str, int] | None = None,
+    ):
         counts = [in_flight.get(host, 0) for host in group]
         self._in_flight = in_flight
         self._limit = max_load * (sum(counts) + 1) / len(counts)
         self._least = min(counts)
+        self._slots = slots or {}
 
     def fits(self, host: str) -> bool:
         """Whether a new request may go to ``host``."""
         busy = self._in_flight.get(host, 0)
-        return busy <= self._limit or busy < self._least + 2
+        return busy <= self._limit or busy < self._least + 2 or busy < self._slots.get(host, 0)
 
 
 @attrs.frozen
@@ -178,6 +193,21 @@ class _LiveCounts:
             self.total -= 1
 
 
+class _Ranking:
+    """The last :func:`ranked_hosts` of one group, and what it was computed from."""
+
+    __slots__ = ("at", "group", "placed", "taken", "tick", "version")
+
+    def __init__(
+        self, group: tuple[str, ...], version: int, tick: int, at: float, placed: dict[bytes, str]
+    ) -> None:
+        self.group, self.version, self.tick, self.at = group, version, tick, at
+        self.placed = placed
+        self.taken = dict.fromkeys(group, 0)
+        for host in placed.values():
+            self.taken[host] += 1
+
+
 class Conversations:
     """The conversations this crossbar has placed: where each went last, and how many
     are live on each host that has ``slots``."""
@@ -193,7 +223,9 @@ class Conversations:
         """The last tick seen, one int object shared by the entries of its 10 s."""
         self._version = 0
         """Counts conversations added and dropped: the ranking is computed again after."""
-        self._ranking: tuple[object, dict[bytes, str]] = (None, {})
+        self._ranking: _Ranking | None = None
+        self._replicas_seen = _NEVER
+        """The tick another replica was last seen answering turns of a conversation."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -250,12 +282,12 @@ class Conversations:
             return None
         home = order[0]
         entry = self._entries.get(key)
-        ranked = self._answered_elsewhere(entry, turn)
+        ranked = self._answered_elsewhere(entry, turn, self._now(now))
         first = self._ranked_host(key, group, now) if ranked else entry and entry.host
         if first is not None and first in hosts and first != hosts[0]:
             hosts.remove(first)
             hosts.insert(0, first)  # its cache is there (or, ranked, will be)
-        load = Load(hosts, in_flight, max_load)
+        load = Load(hosts, in_flight, max_load, self.slots)
         host = hosts[0]
         if not load.fits(host) or not (ranked or self._room_for(key, host, hosts, now)):
             roomy = [h for h in hosts if self.has_room(h, now)] if self.slots else hosts
@@ -266,22 +298,36 @@ class Conversations:
         self.remember(key, host, now, turn, ranked)
         return Placement(host, home, outcome)
 
-    def _answered_elsewhere(self, entry: _Entry | None, turn: int | None) -> bool:
-        """Whether the conversation is ranked: another replica answers turns of it too
-        (only with ``slots``, the one rule replicas could disagree on)."""
+    def _answered_elsewhere(self, entry: _Entry | None, turn: int | None, tick: int) -> bool:
+        """Whether the conversation is ranked (only with ``slots``, the one rule replicas
+        could disagree on): another replica answers turns of it too, or it is new while
+        other replicas have been seen within :data:`LIVE_SECONDS` (so that its first
+        turn goes where the replica that gets its second will rank it)."""
         if turn is None or not self.slots:
             return False
-        if entry is None:
-            return turn > 0
-        return entry.ranked or turn > entry.turn + 1
+        if entry is not None and entry.ranked:
+            return True
+        if turn > (0 if entry is None else entry.turn + 1):
+            self._replicas_seen = tick
+            return True
+        return entry is None and tick - self._replicas_seen < _BUCKETS
 
     def _ranked_host(self, key: bytes, group: Sequence[str], now: float) -> str:
         """Where :func:`ranked_hosts` puts ``key`` among the conversations live on the
-        group's hosts; computed again only when conversations come or go."""
+        group's hosts, computed again when conversations have come or gone. It reads every
+        live one: beyond :data:`RANK_EXACT` of them, at most once every
+        :data:`RANK_SECONDS`, and a conversation new since then takes the first host with a
+        slot left, as if ranked last."""
         tick = self._now(now)
-        stamp = (tuple(group), self._version, tick)
-        cached, placed = self._ranking
-        if cached != stamp or key not in placed:
+        ranking = self._ranking
+        if (
+            ranking is None
+            or ranking.group != tuple(group)
+            or (
+                (ranking.version, ranking.tick) != (self._version, tick)
+                and (len(ranking.placed) <= RANK_EXACT or now >= ranking.at + RANK_SECONDS)
+            )
+        ):
             hosts = set(group)
             live = [key]
             for other, entry in reversed(self._entries.items()):
@@ -290,8 +336,15 @@ class Conversations:
                 if entry.host in hosts and other != key:
                     live.append(other)
             placed = ranked_hosts(live, group, self.slots)
-            self._ranking = (stamp, placed)
-        return placed[key]
+            ranking = self._ranking = _Ranking(tuple(group), self._version, tick, now, placed)
+        host = ranking.placed.get(key)
+        if host is None:
+            order = rendezvous(key, group)
+            taken, slots = ranking.taken, self.slots
+            host = next((h for h in order if h not in slots or taken[h] < slots[h]), order[0])
+            ranking.placed[key] = host
+            taken[host] += 1
+        return host
 
     def _room_for(self, key: bytes, host: str, hosts: Sequence[str], now: float) -> bool:
         """Whether the conversation may stay on ``host`` as far as slots go: it is live

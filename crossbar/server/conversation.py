@@ -25,10 +25,11 @@ some agents put on the newest message only, so on the first user message at turn
 not at turn 2), still gets the same key. Content given as parts counts by the text of
 each text part, and by its JSON with sorted keys for any other part.
 
-As with :mod:`crossbar.server.peek`, msgspec reads the body without building it: the
-messages are views into the body, and only those up to the first user message are
-decoded. Anything unexpected (not JSON, no messages, no user message, a message that is
-not an object, nesting too deep) is "no key", never an error. Pure rules, no I/O.
+As with :mod:`crossbar.server.peek`, msgspec reads the body without building it: of each
+message only its role is built, its content stays a view into the body, decoded only up
+to the first user message. Anything unexpected (not JSON, no messages, no user message,
+a message that is not an object, nesting too deep) is "no key", never an error. Pure
+rules, no I/O.
 """
 
 from __future__ import annotations
@@ -49,9 +50,15 @@ _BOM = b"\xef\xbb\xbf"
 _WHITESPACE = b" \t\r\n"
 
 
+class _Message(msgspec.Struct):
+    role: str = ""
+    content: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
 class _Chat(msgspec.Struct):
-    messages: list[msgspec.Raw] | msgspec.UnsetType = msgspec.UNSET
-    """Each message's JSON text, a view into the body: skipped, not built."""
+    messages: list[_Message] | msgspec.UnsetType = msgspec.UNSET
+    """Each message's role; its content a view into the body, decoded only up to the
+    first user message."""
 
 
 @attrs.frozen
@@ -64,22 +71,11 @@ class Conversation:
     for a completion."""
 
 
-class _Role(msgspec.Struct):
-    role: str = ""
-
-
-class _Message(msgspec.Struct):
-    role: str = ""
-    content: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-
-
 class _Completion(msgspec.Struct):
     prompt: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _CHAT_DECODER = msgspec.json.Decoder(_Chat)
-_MESSAGE_DECODER = msgspec.json.Decoder(_Message)
-_ROLE_DECODER = msgspec.json.Decoder(_Role)
 _COMPLETION_DECODER = msgspec.json.Decoder(_Completion)
 _ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
 
@@ -122,14 +118,12 @@ def _chat(digest: Any, view: memoryview) -> int | None:
     if messages is msgspec.UNSET:
         return None
     _field(digest, b"chat")
-    for at, raw in enumerate(messages):
-        message = _MESSAGE_DECODER.decode(raw)
+    for at, message in enumerate(messages):
         _field(digest, message.role.encode())
         content = message.content
         _field(digest, b"" if content is msgspec.UNSET else _content(content))
         if message.role == "user":
-            rest = messages[at + 1 :]
-            return sum(_ROLE_DECODER.decode(raw).role == "assistant" for raw in rest)
+            return sum(later.role == "assistant" for later in messages[at + 1 :])
     return None
 
 
