@@ -14,7 +14,7 @@ from twisted.logger import FilteringLogObserver, ILogObserver
 from twisted.python import usage
 from twisted.python.components import Componentized
 
-from crossbar._twisted import dispatch_plainly, twistd_log_observer
+from crossbar._twisted import run_lean, twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
 from crossbar.logformat import writer
 from crossbar.server.listening import CannotListen, not_an_internal_start
@@ -74,7 +74,7 @@ def makeService(options: Options) -> IService:
     if options["check"]:
         _show(config)
     reactor.callWhenRunning(_stop_cleanly_on_signals, reactor)
-    dispatch_plainly(reactor)
+    run_lean(reactor)
     log = _log_observer(options, config, reactor)
     if config.workers == 1:
         crossbar = Crossbar(config, reactor, load=load)

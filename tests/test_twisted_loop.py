@@ -1,5 +1,6 @@
-"""crossbar._twisted.dispatch_plainly: the epoll reactor's loop without a log context
-around each event, on a reactor of its own (never the one the tests run on).
+"""crossbar._twisted.run_lean and dispatch_plainly: the epoll reactor's loop without a
+log context around each event, and the start-up heap frozen out of the garbage
+collector, on a reactor of its own (never the one the tests run on).
 
 Each event must still reach its selectable, in the same turn, and an error that escapes
 Twisted's own handling is logged naming the connection, while the other events of the
@@ -8,6 +9,7 @@ turn are still handled.
 
 from __future__ import annotations
 
+import gc
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +20,7 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
-from crossbar._twisted import dispatch_plainly
+from crossbar._twisted import dispatch_plainly, run_lean
 
 
 class Reader(FileDescriptor):
@@ -118,3 +120,16 @@ def test_another_reactor_is_left_alone() -> None:
     finally:
         tuned.removeAll()
         tuned._poller.close()
+
+
+def test_run_lean_freezes_the_start_up_heap_when_the_reactor_runs(reactor: Any) -> None:
+    run_lean(reactor)
+    assert "doIteration" in vars(reactor)  # the plain loop
+    frozen = gc.get_freeze_count()
+    assert frozen == 0  # nothing yet: the heap is frozen once running, not when set up
+    reactor.callWhenRunning(reactor.stop)
+    try:
+        reactor.run(installSignalHandlers=False)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # the test process's heap is its own again

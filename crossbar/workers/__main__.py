@@ -14,7 +14,7 @@ from typing import Any
 from twisted.logger import ILogObserver, LogLevel, PredicateResult, eventAsText
 from zope.interface import implementer
 
-from crossbar._twisted import dispatch_plainly
+from crossbar._twisted import run_lean
 from crossbar.logformat import json_line
 from crossbar.server.listening import not_an_internal_start
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a
         raise SystemExit(2) from None
     observer = print_json if config.log_format == "json" else print_event
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
-    dispatch_plainly(reactor)
+    run_lean(reactor)
     info = WorkerInfo(args.index, args.count, args.run_dir)
     crossbar = Crossbar(config, reactor, worker=info, load=lambda: load_config(args.config))
     parent = os.getppid()
