@@ -235,6 +235,27 @@ def test_behind_replicas_a_new_conversation_is_ranked_from_its_first_turn() -> N
     assert moves(went) == 0
 
 
+def test_replicas_agree_on_conversations_that_come_one_after_another() -> None:
+    """Six conversations in turn, each with two turns through one replica and the third
+    through the other (as the integration test on real routers): every turn of each goes
+    to one host, though three of the first four have gpu-a for home and it has 2 slots."""
+    group = ["gpu-a", "gpu-b"]
+    slots = {"gpu-a": 2, "gpu-b": 2}
+    replicas = [Conversations(slots), Conversations(slots)]
+    conversations = keys(6, seed=4)
+    homes = [rendezvous(k, group)[0] for k in conversations]
+    assert homes[:4].count("gpu-a") == 3 or homes[:4].count("gpu-b") == 3
+    now = T0
+    for n, key in enumerate(conversations):
+        went = []
+        for turn, replica in enumerate([n % 2, n % 2, (n + 1) % 2]):
+            placed = replicas[replica].place(key, group, {}, 1.5, now=now, turn=turn)
+            assert placed is not None
+            went.append(placed.host)
+            now += 0.5  # all within one 10 s bucket: the ranking is asked between changes
+        assert len(set(went)) == 1, (n, went)
+
+
 def test_one_crossbar_that_sees_every_turn_never_ranks() -> None:
     """Alone, the first come keep their home and the later ones move: nothing moves after."""
     conversations = keys(12, seed=7)

@@ -324,7 +324,10 @@ class Conversations:
             ranking is None
             or ranking.group != tuple(group)
             or (
-                (ranking.version, ranking.tick) != (self._version, tick)
+                (
+                    (ranking.version, ranking.tick) != (self._version, tick)
+                    or key not in ranking.placed  # new here, or ranked last since
+                )
                 and (len(ranking.placed) <= RANK_EXACT or now >= ranking.at + RANK_SECONDS)
             )
         ):
