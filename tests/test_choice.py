@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from crossbar.config import Policy, RouteConfig, WhenAllDown
-from crossbar.fleet.affinity import Conversations, rendezvous
+from crossbar.fleet.affinity import Conversations
 from crossbar.fleet.choice import choose, choose_for_route, place, routes_down
+from crossbar.fleet.rendezvous import rendezvous
 from crossbar.fleet.state import HostState
 
 

@@ -46,11 +46,12 @@ Pure rules, no I/O: the time comes from the caller.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from hashlib import blake2b
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import attrs
+
+from crossbar.fleet.rendezvous import ranked_hosts, rendezvous
 
 AffinityOutcome = Literal["new", "home", "moved"]
 """``new``: a conversation this crossbar had not seen, sent to its home; ``home``: a known
@@ -67,38 +68,12 @@ RANK_SECONDS = 1.0
 RANK_EXACT = 256
 """The ranking of up to this many live conversations (under a millisecond) is computed
 again whenever one comes or goes; of more, at most once every :data:`RANK_SECONDS`."""
+RANK_MOST = 4096
+"""Beyond this many live conversations nothing is ranked (a ranking would take over
+10 ms a second): far more than a lab's agents, so reached only by a flood of made-up
+conversations, which then cannot make crossbar stall."""
 _BUCKETS = LIVE_SECONDS // BUCKET_SECONDS
 _NEVER = -(1 << 62)
-
-
-def weight(key: bytes, host: str) -> bytes:
-    """The host's weight for the conversation: compared as bytes, the same everywhere."""
-    return blake2b(key + host.encode(), digest_size=8).digest()
-
-
-def rendezvous(key: bytes, hosts: Sequence[str]) -> list[str]:
-    """``hosts`` in the conversation's order of preference: its home first."""
-    return sorted(hosts, key=lambda host: (weight(key, host), host), reverse=True)
-
-
-def rank(key: bytes) -> bytes:
-    """The conversation's place in the order ranked conversations take slots in."""
-    return blake2b(key + b"\x00rank", digest_size=8).digest()
-
-
-def ranked_hosts(
-    keys: Iterable[bytes], group: Sequence[str], slots: Mapping[str, int]
-) -> dict[bytes, str]:
-    """Where each of ``keys`` goes when, in :func:`rank` order, each takes its first host
-    by weight with a slot left (its home when none has): a function of the set alone."""
-    taken = dict.fromkeys(group, 0)
-    placed = {}
-    for key in sorted(keys, key=rank, reverse=True):
-        order = rendezvous(key, group)
-        host = next((h for h in order if h not in slots or taken[h] < slots[h]), order[0])
-        taken[host] += 1
-        placed[key] = host
-    return placed
 
 
 class Load:
@@ -196,13 +171,21 @@ class _LiveCounts:
 class _Ranking:
     """The last :func:`ranked_hosts` of one group, and what it was computed from."""
 
-    __slots__ = ("at", "group", "placed", "taken", "tick", "version")
+    __slots__ = ("at", "crowded", "group", "placed", "taken", "tick", "version")
 
     def __init__(
-        self, group: tuple[str, ...], version: int, tick: int, at: float, placed: dict[bytes, str]
+        self,
+        group: tuple[str, ...],
+        version: int,
+        tick: int,
+        at: float,
+        placed: dict[bytes, str],
+        crowded: bool = False,
     ) -> None:
         self.group, self.version, self.tick, self.at = group, version, tick, at
         self.placed = placed
+        self.crowded = crowded
+        """More than :data:`RANK_MOST` were live: nothing was ranked."""
         self.taken = dict.fromkeys(group, 0)
         for host in placed.values():
             self.taken[host] += 1
@@ -223,7 +206,8 @@ class Conversations:
         """The last tick seen, one int object shared by the entries of its 10 s."""
         self._version = 0
         """Counts conversations added and dropped: the ranking is computed again after."""
-        self._ranking: _Ranking | None = None
+        self._rankings: dict[tuple[str, ...], _Ranking] = {}
+        """The last ranking of each group (a route's hosts, as health leaves them)."""
         self._replicas_seen = _NEVER
         """The tick another replica was last seen answering turns of a conversation."""
 
@@ -283,7 +267,10 @@ class Conversations:
         home = order[0]
         entry = self._entries.get(key)
         ranked = self._answered_elsewhere(entry, turn, self._now(now))
-        first = self._ranked_host(key, group, now) if ranked else entry and entry.host
+        first = self._ranked_host(key, group, now) if ranked else None
+        if first is None:
+            ranked = False  # not ranked this time: too many live conversations
+            first = entry.host if entry else None
         if first is not None and first in hosts and first != hosts[0]:
             hosts.remove(first)
             hosts.insert(0, first)  # its cache is there (or, ranked, will be)
@@ -312,34 +299,33 @@ class Conversations:
             return True
         return entry is None and tick - self._replicas_seen < _BUCKETS
 
-    def _ranked_host(self, key: bytes, group: Sequence[str], now: float) -> str:
+    def _ranked_host(self, key: bytes, group: Sequence[str], now: float) -> str | None:
         """Where :func:`ranked_hosts` puts ``key`` among the conversations live on the
         group's hosts, computed again when conversations have come or gone. It reads every
         live one: beyond :data:`RANK_EXACT` of them, at most once every
         :data:`RANK_SECONDS`, and a conversation new since then takes the first host with a
-        slot left, as if ranked last."""
+        slot left, as if ranked last. ``None`` when more than :data:`RANK_MOST` are live:
+        the conversation is then placed as if this crossbar were alone."""
         tick = self._now(now)
-        ranking = self._ranking
-        if (
-            ranking is None
-            or ranking.group != tuple(group)
-            or (
-                (
-                    (ranking.version, ranking.tick) != (self._version, tick)
-                    or key not in ranking.placed  # new here, or ranked last since
-                )
-                and (len(ranking.placed) <= RANK_EXACT or now >= ranking.at + RANK_SECONDS)
-            )
-        ):
-            hosts = set(group)
+        hosts = tuple(group)
+        ranking = self._rankings.get(hosts)
+        if ranking is None or self._due(ranking, key, tick, now):
             live = [key]
             for other, entry in reversed(self._entries.items()):
                 if entry.tick <= tick - _BUCKETS:
                     break  # the table is in the order of last turns: the rest are older
                 if entry.host in hosts and other != key:
                     live.append(other)
-            placed = ranked_hosts(live, group, self.slots)
-            ranking = self._ranking = _Ranking(tuple(group), self._version, tick, now, placed)
+                    if len(live) > RANK_MOST:
+                        break
+            if len(self._rankings) >= 16:  # groups seen as health changed: start afresh
+                self._rankings.clear()
+            crowded = len(live) > RANK_MOST
+            placed = {} if crowded else ranked_hosts(live, group, self.slots)
+            ranking = _Ranking(hosts, self._version, tick, now, placed, crowded)
+            self._rankings[hosts] = ranking
+        if ranking.crowded:
+            return None
         host = ranking.placed.get(key)
         if host is None:
             order = rendezvous(key, group)
@@ -348,6 +334,15 @@ class Conversations:
             ranking.placed[key] = host
             taken[host] += 1
         return host
+
+    def _due(self, ranking: _Ranking, key: bytes, tick: int, now: float) -> bool:
+        """Whether ``ranking`` is to be computed again: conversations came or went since
+        (or ``key`` is not in it), and it is small or a second old."""
+        changed = (ranking.version, ranking.tick) != (self._version, tick)
+        if not changed and key in ranking.placed:
+            return False
+        small = not ranking.crowded and len(ranking.placed) <= RANK_EXACT
+        return small or now >= ranking.at + RANK_SECONDS
 
     def _room_for(self, key: bytes, host: str, hosts: Sequence[str], now: float) -> bool:
         """Whether the conversation may stay on ``host`` as far as slots go: it is live
