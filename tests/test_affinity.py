@@ -286,6 +286,23 @@ def test_two_routes_keep_a_ranking_each(monkeypatch: Any) -> None:
     assert len(computed) <= len(groups)
 
 
+def test_a_reload_s_slots_rank_the_next_turn_at_once() -> None:
+    """300 ranked conversations (more than are ranked again on every change); a reload
+    gives gpu-a 50 slots: the very next turns, in the same second, keep it to 50."""
+    group = ["gpu-a", "gpu-b"]
+    table = Conversations({"gpu-a": 200, "gpu-b": 200})
+    conversations = keys(300, seed=13)
+    for key in conversations:
+        table.place(key, group, {}, 1.5, now=T0, turn=2)
+    table.set_slots({"gpu-a": 50, "gpu-b": 400})
+    went = Counter()
+    for key in conversations:
+        placed = table.place(key, group, {}, 1.5, now=T0 + 0.5, turn=3)
+        assert placed is not None
+        went[placed.host] += 1
+    assert went["gpu-a"] == 50
+
+
 def test_one_crossbar_that_sees_every_turn_never_ranks() -> None:
     """Alone, the first come keep their home and the later ones move: nothing moves after."""
     conversations = keys(12, seed=7)

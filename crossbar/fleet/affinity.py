@@ -219,7 +219,7 @@ class Conversations:
         them are counted again from the table, so a host given slots starts right."""
         self.slots = dict(slots)
         self._live = {host: _LiveCounts() for host in self.slots}
-        self._version += 1
+        self._rankings.clear()  # made with the old slots
         for entry in self._entries.values():
             counts = self._live.get(entry.host)
             if counts is not None:
