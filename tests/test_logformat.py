@@ -15,16 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import (
     FileLogObserver,
     Logger,
+    LogLevel,
     formatEventAsClassicLogText,
     textFileLogObserver,
 )
 
 from crossbar.config import ConfigError, parse_config
-from crossbar.logformat import Batches, TwistdText, as_json, writer
+from crossbar.logformat import Batches, TwistdText, as_json, json_line, writer
 from tests.support import free_port, start_daemon
 
 
@@ -398,3 +401,43 @@ def test_the_json_time_is_what_datetime_writes() -> None:
         expected = datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds")
         assert _time(when) == expected, when
     assert _time(None) is None and _time("x") is None
+
+
+@given(
+    st.text(max_size=30),
+    st.text(max_size=60),
+    st.one_of(st.none(), st.integers(min_value=0, max_value=10**12)),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_json_line_is_what_the_json_module_writes_and_ascii(
+    model: str, message: str, sent: int | None
+) -> None:
+    """Whatever a client names its model or a message says: one line of ASCII, the very
+    text ``json.dumps`` writes (control characters and DEL escaped)."""
+    access = (
+        "lab",
+        "gpu-a",
+        model,
+        b"POST",
+        b"/lab/v1/chat/completions",
+        200,
+        0.5,
+        None,
+        sent or 0,
+        None,
+    )
+    for event in (
+        {"access": access, "log_level": LogLevel.info, "log_time": 1.0},
+        {
+            "log_format": "said: {m}",
+            "m": message,
+            "log_level": LogLevel.warn,
+            "log_time": 2.0,
+            "log_namespace": "crossbar",
+        },
+    ):
+        line = json_line(event)
+        assert line is not None and line.isascii() and line.endswith("\n")
+        assert line.count("\n") == 1
+        expected = json.dumps(json.loads(line), separators=(",", ":"))
+        assert line[:-1] in (expected, expected.replace("\x7f", "\\u007f"))
