@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import pytest_twisted
 
 from crossbar.config import Config, RouteConfig
@@ -233,20 +234,26 @@ def test_replicas_agree_on_conversations_that_come_one_after_another() -> None:
         assert len(set(went)) == 1, (n, went)
 
 
-def test_a_flood_of_made_up_conversations_is_not_ranked(monkeypatch: Any) -> None:
-    """Thousands of conversations first seen mid-way (a client making them up) cannot make
-    the ranking read ever more of the table: beyond 4,096 live nothing is ranked, and they
-    are placed as one crossbar alone would."""
+@pytest.fixture
+def computed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many conversations each ranking computed while the test runs read."""
     import crossbar.fleet.affinity as affinity
 
-    computed: list[int] = []
+    sizes: list[int] = []
 
     def counted(live: Any, group: Any, slots: Any) -> dict[bytes, str]:
         live = list(live)
-        computed.append(len(live))
+        sizes.append(len(live))
         return ranked_hosts(live, group, slots)
 
     monkeypatch.setattr(affinity, "ranked_hosts", counted)
+    return sizes
+
+
+def test_a_flood_of_made_up_conversations_is_not_ranked(computed: list[int]) -> None:
+    """Thousands of conversations first seen mid-way (a client making them up) cannot make
+    the ranking read ever more of the table: beyond 4,096 live nothing is ranked, and they
+    are placed as one crossbar alone would."""
     table = Conversations(SLOTS)
     flood = keys(RANK_MOST + 1000, seed=9)
     for i, key in enumerate(flood):  # 1,000 a second for 5 seconds
@@ -261,19 +268,9 @@ def test_a_flood_of_made_up_conversations_is_not_ranked(monkeypatch: Any) -> Non
     assert len(computed) == done
 
 
-def test_two_routes_keep_a_ranking_each(monkeypatch: Any) -> None:
+def test_two_routes_keep_a_ranking_each(computed: list[int]) -> None:
     """Two routes with other hosts, their requests alternating: each group's ranking is
     kept, not computed again for every request of the other."""
-    import crossbar.fleet.affinity as affinity
-
-    computed: list[int] = []
-
-    def counted(live: Any, group: Any, slots: Any) -> dict[bytes, str]:
-        live = list(live)
-        computed.append(len(live))
-        return ranked_hosts(live, group, slots)
-
-    monkeypatch.setattr(affinity, "ranked_hosts", counted)
     table = Conversations(SLOTS)
     groups = [["gpu-a", "gpu-b"], ["gpu-b", "gpu-c"]]
     conversations = keys(40, seed=12)
@@ -337,19 +334,9 @@ def test_a_skipped_turn_or_a_late_first_sight_ranks_the_conversation() -> None:
     assert {k: stranger.host_of(k) for k in conversations} == ranked
 
 
-def test_a_burst_of_first_sights_computes_the_ranking_once_a_second(monkeypatch: Any) -> None:
+def test_a_burst_of_first_sights_computes_the_ranking_once_a_second(computed: list[int]) -> None:
     """A replica restarted amid 2,000 live conversations does not read them all again for
     each one it sees (quadratic work on the reactor): beyond 256, once a second at most."""
-    import crossbar.fleet.affinity as affinity
-
-    computed: list[int] = []
-
-    def counted(live: Any, group: Any, slots: Any) -> dict[bytes, str]:
-        live = list(live)
-        computed.append(len(live))
-        return ranked_hosts(live, group, slots)
-
-    monkeypatch.setattr(affinity, "ranked_hosts", counted)
     slots = {host: 700 for host in HOSTS}
     table = Conversations(slots)
     conversations = keys(2000, seed=5)

@@ -289,7 +289,8 @@ class Conversations:
         """Whether the conversation is ranked (only with ``slots``, the one rule replicas
         could disagree on): another replica answers turns of it too, or it is new while
         other replicas have been seen within :data:`LIVE_SECONDS` (so that its first
-        turn goes where the replica that gets its second will rank it)."""
+        turn goes where the replica that gets its second will rank it). Seeing another
+        replica's turn is noted here, as the time it was last seen."""
         if turn is None or not self.slots:
             return False
         if entry is not None and entry.ranked:
