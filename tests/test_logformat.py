@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import (
@@ -408,6 +408,8 @@ def test_the_json_time_is_what_datetime_writes() -> None:
     st.text(max_size=60),
     st.one_of(st.none(), st.integers(min_value=0, max_value=10**12)),
 )
+@example(model="mod\u00e8le", message="", sent=None)
+@example(model="", message="\x7f", sent=None)  # DEL: msgspec leaves it, json escapes it
 @settings(max_examples=300, deadline=None)
 def test_a_json_line_is_what_the_json_module_writes_and_ascii(
     model: str, message: str, sent: int | None
@@ -440,4 +442,4 @@ def test_a_json_line_is_what_the_json_module_writes_and_ascii(
         assert line is not None and line.isascii() and line.endswith("\n")
         assert line.count("\n") == 1
         expected = json.dumps(json.loads(line), separators=(",", ":"))
-        assert line[:-1] in (expected, expected.replace("\x7f", "\\u007f"))
+        assert line[:-1] == expected
