@@ -230,3 +230,21 @@ def test_affinity_outcomes_are_counted_by_route_host_and_outcome(table: HealthTa
     assert value(found, name, route="lab", host="gpu-a", outcome="home") == 2
     assert value(found, name, route="lab", host="gpu-b", outcome="moved") == 1
     assert sum(1 for sample in found if sample[0] == name) == 3
+
+
+def test_a_duration_on_a_bucket_bound_counts_in_that_bucket(table: HealthTable) -> None:
+    """Prometheus buckets are "less than or equal": 1 s exactly is in ``le="1.0"``, and
+    a time past every bound only in ``+Inf``."""
+    metrics = Metrics(table, FakeProxy())
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 1.0, 0.25, 1))
+    metrics.request_done(Outcome("lab", "gpu-a", 200, 7200.0, 0.2500001, 1))
+    found = samples(metrics.render())
+    duration, ttfb = "crossbar_request_duration_seconds", "crossbar_time_to_first_byte_seconds"
+    at = {"route": "lab", "host": "gpu-a"}
+    assert value(found, duration + "_bucket", **at, le="0.5") == 0
+    assert value(found, duration + "_bucket", **at, le="1.0") == 1
+    assert value(found, duration + "_bucket", **at, le="1800.0") == 1
+    assert value(found, duration + "_bucket", **at, le="+Inf") == 2
+    assert value(found, duration + "_sum", **at) == 7201.0
+    assert value(found, ttfb + "_bucket", **at, le="0.25") == 1
+    assert value(found, ttfb + "_bucket", **at, le="0.5") == 2

@@ -185,6 +185,18 @@ class Channel(ParserRefusals):
         super().connectionMade()
         self._direct = direct(self.transport)
 
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Any) -> None:
+        """The head as one string: twisted.web hands the transport a sequence of some
+        twenty pieces, each checked apart. It still waits for the reactor's turn, with
+        whatever follows it, so that the turn's answers go out together."""
+        lines = [version, b" ", code, b" ", reason, b"\r\n"]
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                lines += (name, b": ", value, b"\r\n")
+        lines.append(b"\r\n")
+        transport: Any = self.transport
+        transport.write(b"".join(lines))
+
     def write(self, data: bytes) -> None:
         write_now(self._direct, self.transport, data)
 
