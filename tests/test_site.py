@@ -1,16 +1,15 @@
 """crossbar.server.site: twisted.web fitted for the proxy.
 
 Most of it is tested by feeding a request's raw bytes into a connection built by the
-Site, over twisted's ``StringTransport`` and a ``Clock``: the dispatch to the proxy or the
-pages, the admission step (the door's rules, the guard, the body limits) and how a
-refusal is answered, the body deadline, the connection and body-memory caps. A few
+Site (:mod:`tests.doors`), over twisted's ``StringTransport`` and a ``Clock``: the door's
+rules and how a refusal is answered, the guard, the body deadline, the connection and
+body-memory caps (the dispatch and the body limits are in ``test_request.py``). A few
 loopback tests show what a real client sees: a refused upload reads its answer and then
 the end of the connection, one that keeps sending is cut off, a slow body gets a 408.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,12 +19,10 @@ import attrs
 import pytest
 import pytest_twisted
 from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
-from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings, Limits
@@ -33,162 +30,26 @@ from crossbar.fleet import HealthTable, Traffic
 from crossbar.pages.metrics import Metrics
 from crossbar.server import site as site_module
 from crossbar.server.door import RawHeaders, Refusal
-from crossbar.server.site import Channel, ProxyRequest, Site
-from crossbar.server.timers import http_date
+from crossbar.server.site import Channel, Site
 from crossbar.testing import LogCapture, eventually
-
-CHAT = b"/lab/v1/chat/completions"
-PEER = IPv4Address("TCP", "127.0.0.1", 40000)
-MiB = 1024 * 1024
-DEFAULTS = Limits()
-
-
-class Leaf(Resource):
-    """Records the requests it renders, and answers none of them yet."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rendered: list[server.Request] = []
-
-    def render(self, request: server.Request) -> object:
-        self.rendered.append(request)
-        return server.NOT_DONE_YET
-
-
-@attrs.define
-class Conn:
-    """One client connection to a site, over a StringTransport."""
-
-    channel: Channel
-    transport: StringTransport
-
-    def send(self, data: bytes) -> None:
-        self.channel.dataReceived(data)
-
-    @property
-    def answer(self) -> bytes:
-        return self.transport.value()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.transport.disconnecting)
-
-    def refusal(self) -> tuple[int, dict[bytes, bytes], Any]:
-        """Status, headers (lower-case names) and JSON body of a refusal."""
-        head, _, body = self.answer.partition(b"\r\n\r\n")
-        status_line, *lines = head.split(b"\r\n")
-        headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines)}
-        assert int(headers[b"content-length"]) == len(body)
-        return int(status_line.split()[1]), headers, json.loads(body) if body else None
-
-
-class CountingClock(Clock):
-    """A Clock that counts the timers set on it, cancelled or not."""
-
-    scheduled = 0
-
-    def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> Any:
-        self.scheduled += 1
-        return super().callLater(delay, callable, *args, **kw)
-
-
-@attrs.define
-class Door:
-    """A site with a proxy and pages that never answer, on a Clock."""
-
-    site: Site
-    proxy: Leaf
-    pages: Leaf
-    clock: CountingClock
-
-    def connect(self) -> Conn:
-        channel = self.site.buildProtocol(PEER)
-        assert channel is not None
-        transport = StringTransport(peerAddress=PEER)
-        channel.makeConnection(transport)
-        return Conn(channel, transport)
-
-    @property
-    def rendered(self) -> list[server.Request]:
-        return self.proxy.rendered + self.pages.rendered
-
-
-def door(limits: Limits = DEFAULTS, guard: Any = None) -> Door:
-    proxy, pages, clock = Leaf(), Leaf(), CountingClock()
-    root = Resource()
-    root.putChild(b"_crossbar", pages)
-    site = Site(root, proxy=proxy, limits=limits, guard=guard, reactor=clock, timeout=None)
-    return Door(site, proxy, pages, clock)
-
-
-def post(path: bytes = CHAT, body: bytes = b"{}", extra: bytes = b"") -> bytes:
-    return b"POST %s HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n%s\r\n%s" % (
-        path,
-        len(body),
-        extra,
-        body,
-    )
-
-
-def get(path: bytes, method: bytes = b"GET", extra: bytes = b"") -> bytes:
-    return b"%s %s HTTP/1.1\r\nHost: a\r\n%s\r\n" % (method, path, extra)
-
-
-def chunked(*chunks: bytes, end: bool = True) -> bytes:
-    data = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
-    return data + (b"0\r\n\r\n" if end else b"")
-
-
-CHUNKED_HEAD = b"POST %s HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" % CHAT
+from tests.doors import (
+    CHAT,
+    CHUNKED_HEAD,
+    DEFAULTS,
+    PEER,
+    Door,
+    Leaf,
+    MiB,
+    chunked,
+    door,
+    get,
+    post,
+)
 
 
 @pytest.fixture
 def d() -> Door:
     return door()
-
-
-# -- dispatch ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("path", [CHAT, b"/", b"/x%2Fy/v1/models?a=b"])
-def test_any_other_path_goes_straight_to_the_proxy(d: Door, path: bytes) -> None:
-    d.connect().send(post(path))
-    [request] = d.proxy.rendered
-    assert d.pages.rendered == [] and request.uri == path
-    assert isinstance(request, ProxyRequest) and request.site is d.site
-    assert request.content is not None and request.content.read() == b"{}"
-    headers = request.responseHeaders
-    # A Date as twisted.web would send (the host's replaces it); no Server: the host's
-    # answer says what it is.
-    assert headers.getRawHeaders(b"date") == [http_date()]
-    assert not headers.hasHeader(b"server")
-
-
-@pytest.mark.parametrize("path", [b"/_crossbar", b"/_crossbar/", b"/_crossbar/status"])
-def test_the_pages_go_the_usual_way(d: Door, path: bytes) -> None:
-    d.connect().send(get(path))
-    [request] = d.pages.rendered
-    assert d.proxy.rendered == []
-    assert request.responseHeaders.hasHeader(b"server")
-
-
-def test_a_site_without_a_proxy_dispatches_as_twisted_web_does() -> None:
-    pages = Leaf()
-    root = Resource()
-    root.putChild(b"_crossbar", pages)
-    channel = Site(root, timeout=None).buildProtocol(PEER)
-    channel.makeConnection(StringTransport())
-    channel.dataReceived(get(b"/_crossbar/metrics"))
-    assert len(pages.rendered) == 1
-
-
-def test_the_date_is_http_s_format_and_made_once_a_second() -> None:
-    first = http_date()
-    now = int(time.time())
-    assert first in (http.datetimeToString(now), http.datetimeToString(now - 1))
-    assert http_date() is first or int(time.time()) != now
 
 
 # -- the door's rules, as a client meets them -------------------------------------------------
@@ -364,88 +225,6 @@ def test_an_admitted_body_is_invited_once(d: Door) -> None:
     assert conn.answer == b"HTTP/1.1 100 Continue\r\n\r\n"
     conn.send(b"{}")
     assert len(d.proxy.rendered) == 1
-
-
-# -- body limits ------------------------------------------------------------------------------
-
-
-def test_a_body_announced_over_max_body_is_413_before_it_is_read() -> None:
-    d = door(Limits(max_body=10))
-    ok, over = d.connect(), d.connect()
-    ok.send(post(body=b"x" * 10))
-    over.send(post(body=b"x" * 11, extra=b"Expect: 100-continue\r\n")[:-11])
-    assert over.refusal()[::2] == (413, {"error": "body too large"})
-    assert b"100 Continue" not in over.answer and over.closed
-    assert len(d.proxy.rendered) == 1
-
-
-def test_a_refused_upload_is_drained_never_kept(d: Door) -> None:
-    """10 MiB sent after a refused head: nothing of it is held or answered again."""
-    conn = d.connect()
-    conn.send(get(CHAT, b"PUT", extra=b"Content-Length: %d\r\n" % (10 * MiB)))
-    answer = conn.answer
-    request = conn.channel.requests[-1]
-    piece = b"x" * 65536
-    for _ in range(10 * MiB // len(piece)):
-        conn.send(piece)
-    assert request.content is not None and request.content.tell() == 0
-    assert request.content.getvalue() == b""
-    assert d.site.body_memory == 0 and conn.answer == answer and d.rendered == []
-
-
-def test_a_chunked_upload_is_cut_off_as_soon_as_it_passes_max_body() -> None:
-    d = door(Limits(max_body=10))
-    conn = d.connect()
-    conn.send(CHUNKED_HEAD + chunked(b"x" * 6, end=False))
-    assert conn.answer == b""
-    conn.send(chunked(b"y" * 5))
-    assert conn.refusal()[::2] == (413, {"error": "body too large"})
-    assert d.site.body_memory == 0 and d.rendered == []
-
-
-def test_bodies_held_at_once_are_capped_and_released_when_each_request_ends() -> None:
-    d = door(Limits(max_body_memory=100, max_body=100))
-    first, second = d.connect(), d.connect()
-    first.send(post(body=b"x" * 60))
-    second.send(post(body=b"x" * 60)[:-60])  # refused before its body is sent
-    status, headers, body = second.refusal()
-    assert (status, body, headers[b"retry-after"]) == (503, {"error": "busy"}, b"1")
-    assert d.site.body_memory == 60
-
-    # Answered: the body is no longer held.
-    d.proxy.rendered[0].finish()
-    assert d.site.body_memory == 0
-    third = d.connect()
-    third.send(post(body=b"x" * 60))
-    assert d.site.body_memory == 60 and len(d.proxy.rendered) == 2
-
-    # The client gone (before or after the body came): released too.
-    fourth = d.connect()
-    fourth.send(post(body=b"x" * 40)[:-30])
-    assert d.site.body_memory == 100
-    fourth.channel.connectionLost(Failure(ConnectionError()))
-    third.channel.connectionLost(Failure(ConnectionError()))
-    assert d.site.body_memory == 0
-
-
-def test_chunked_bodies_count_as_they_arrive() -> None:
-    d = door(Limits(max_body_memory=100, max_body=100))
-    held = d.connect()
-    held.send(post(body=b"x" * 50))
-    conn = d.connect()
-    conn.send(CHUNKED_HEAD + chunked(b"y" * 40, end=False))
-    assert d.site.body_memory == 90 and conn.answer == b""
-    conn.send(chunked(b"z" * 20))
-    assert conn.refusal()[::2] == (503, {"error": "busy"})
-    assert d.site.body_memory == 50  # what the refused one held is let go at once
-
-    ok = d.connect()
-    ok.send(CHUNKED_HEAD + chunked(b"a" * 30, b"b" * 20))
-    [_, request] = d.proxy.rendered
-    assert request.content is not None and request.content.read() == b"a" * 30 + b"b" * 20
-    assert d.site.body_memory == 100
-    request.finish()
-    assert d.site.body_memory == 50
 
 
 # -- the body deadline ------------------------------------------------------------------------

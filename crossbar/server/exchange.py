@@ -34,6 +34,7 @@ from crossbar.server.access import access_line, access_note
 from crossbar.server.context import ProxyContext
 from crossbar.server.conversation import Conversation, read_conversation
 from crossbar.server.peek import peek_model, with_model
+from crossbar.server.request import log_access, release_body
 from crossbar.server.rewrite import (
     BODYLESS,
     NOT_RETURNED,
@@ -44,7 +45,6 @@ from crossbar.server.rewrite import (
     trusted_proxy,
     upstream_headers,
 )
-from crossbar.server.site import release_body
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
 from crossbar.upstream import Discard, Response, describe, is_cancellation
@@ -392,4 +392,4 @@ class Exchange:
         # The fields again for log_format: json (crossbar.logformat), never a body or key.
         fields = (route, self.host, self.asked, method, self.path, status, seconds,
                   self.first_byte, sent, note)  # fmt: skip
-        log.info("{request}", request=line, access=fields)
+        log_access(log, line, fields)

@@ -1,13 +1,12 @@
-"""twisted.web's server side, made fit for a proxy on a shared network: one admission
-step when a request's head is complete (the door's rules, the site's guard, the body
-limits), deadlines for headers and bodies, a cap on open connections and on request
-bodies held at once, chunks framed and written in one piece, and no access log of
-twisted.web's own."""
+"""twisted.web's server side, made fit for a proxy on a shared network: deadlines for a
+request's headers and body, refusals answered from a head alone (then nothing more is
+read), a cap on open connections and on request bodies held at once, answers written
+without a reactor turn in between where twisted.web would queue them, and no access log
+of twisted.web's own. Each request is a :class:`~crossbar.server.request.ProxyRequest`."""
 
 from __future__ import annotations
 
 from collections import Counter
-from io import BytesIO
 from typing import Any
 
 from twisted.internet import protocol
@@ -19,19 +18,18 @@ from twisted.web.resource import IResource
 
 from crossbar._twisted import (
     ParserRefusals,
-    client_gone,
     direct,
     handling_request,
     request_line,
-    request_version,
     write_now,
 )
 from crossbar.config import Limits
 from crossbar.server import door
 from crossbar.server.door import FOLD_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
+from crossbar.server.request import ProxyRequest, log_access
 from crossbar.server.rewrite import printable
-from crossbar.server.timers import http_date, stop
+from crossbar.server.timers import stop
 
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""
@@ -40,127 +38,6 @@ REFUSALS_LOGGED_EVERY = 10.0
 """Seconds between two log lines about connections refused past ``max_connections``."""
 
 log = Logger()
-
-
-class ProxyRequest(server.Request):
-    """A request admitted or refused on its head alone, that keeps its body in memory.
-
-    twisted.web buffers a whole body before ``render`` with no cap of its own, so the
-    limits are enforced here: from ``Content-Length`` before any of it is read, and for
-    a chunked upload as it arrives. What a body holds counts against the site's
-    ``max_body_memory`` until the request ends.
-    """
-
-    rejected = False
-    _chunked = False
-    _received = 0
-    _held = 0
-    _buffer: BytesIO
-
-    def process(self) -> None:
-        """Hand a proxied request straight to the proxy.
-
-        twisted.web's own dispatch walks the resource tree, unquotes every path segment
-        and formats ``Date`` and ``Server`` headers, all for a leaf that takes every path
-        but ``/_crossbar/`` and an answer whose headers are the host's: about a twentieth
-        of crossbar's CPU per request. Everything else goes the usual way.
-        """
-        site: Any = self.channel.site  # type: ignore[attr-defined]
-        proxy = site.proxy
-        path = self.path
-        if proxy is None or path.startswith(b"/_crossbar") or path == b"*":
-            super().process()
-            return
-        self.site = site
-        self.prepath = []
-        self.postpath = []
-        self.setHeader(b"date", http_date())
-        try:
-            self.render(proxy)
-        except BaseException:
-            self.processingFailed(Failure())
-
-    def write(self, data: bytes) -> None:
-        """Frame a chunk of a streamed answer in one piece; the first write (headers,
-        and the choice of framing) and every unusual case stay twisted.web's."""
-        if self.chunked and self.startedWriting and not self.finished and data:
-            if not client_gone(self):
-                self.sentLength += len(data)
-                channel: Any = self.channel
-                write_now(channel._direct, channel.transport, b"%x\r\n%s\r\n" % (len(data), data))
-            return
-        super().write(data)
-
-    def gotLength(self, length: int | None) -> None:
-        """The admission step: twisted.web calls it when the head is complete, before
-        any of the body is read and before it answers ``Expect: 100-continue``."""
-        self.content = self._buffer = BytesIO()
-        channel: Any = self.channel
-        site: Site = channel.site
-        method, target = request_line(channel)
-        path = target.partition(b"?")[0]
-        hosts = self.requestHeaders.getRawHeaders(b"host")
-        refusal = door.hygiene(method, path, hosts, request_version(channel))
-        if refusal is None and (site.proxy is None or path.startswith(b"/_crossbar")):
-            refusal = door.unreadable_page(path, hosts)
-        if refusal is None and site.guard is not None:
-            refusal = site.guard(path, list(self.requestHeaders.getAllRawHeaders()))
-        if refusal is None and site.draining:
-            channel.persistent = False  # every answer while stopping closes its connection
-            self.responseHeaders.setRawHeaders(b"connection", [b"close"])
-            refusal = door.while_draining(channel.heads, path)
-        if refusal is None and length:
-            refusal = site.hold(length)
-            if refusal is None:
-                self._held = length
-        if refusal is not None:
-            channel.refuse(refusal)
-        self._chunked = length is None
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self.rejected:
-            return
-        if self._chunked:
-            size = len(data)
-            self._received += size
-            site: Site = self.channel.site  # type: ignore[attr-defined]
-            refusal = door.TOO_LARGE if self._received > site.limits.max_body else site.hold(size)
-            if refusal is not None:
-                self.channel.refuse(refusal)  # type: ignore[attr-defined]
-                return
-            self._held += size
-        self._buffer.write(data)
-
-    def refused(self) -> None:
-        """Forget the body: it is not read, and what came of it is dropped."""
-        self.rejected = True
-        self.content = self._buffer = BytesIO()
-        self._release()
-        # Twisted would otherwise invite the client to send the body we refuse.
-        self.requestHeaders.removeHeader(b"expect")
-
-    def _release(self) -> None:
-        if self._held:
-            self.channel.site.body_memory -= self._held  # type: ignore[attr-defined]
-            self._held = 0
-
-    def finish(self) -> None:
-        if self._held:
-            self._release()
-        super().finish()
-
-    def connectionLost(self, reason: Failure) -> None:
-        self._release()
-        super().connectionLost(reason)
-
-
-def release_body(request: server.Request, keep_reserved: bool = False) -> None:
-    """The proxy holds what it needs of a request's body: forget the request's own copy,
-    and (unless ``keep_reserved``) give its bytes back to ``max_body_memory``."""
-    if isinstance(request, ProxyRequest):
-        request.content = request._buffer = BytesIO()
-        if not keep_reserved:
-            request._release()
 
 
 class Channel(ParserRefusals):
@@ -277,7 +154,7 @@ class Channel(ParserRefusals):
         path = target.partition(b"?")[0]
         line = f"- - {printable(method, 16)} {printable(path, 200)} {refusal.status} 0ms"
         fields = ("-", None, None, method, path, refusal.status, 0.0, None, 0, "")
-        log.info("{request}", request=line, access=fields)
+        log_access(log, line, fields)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._stop_deadline()
