@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ab.py BEFORE_DIR AFTER_DIR [--pairs 8] [--seconds 5]
                                       [--features] [--streams K] [--out FILE]
+                                      [--python-before PY] [--python-after PY]
 
 BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package (``git archive HEAD crossbar |
 tar -x -C /tmp/before``; ``cp -r crossbar /tmp/after``). Both crossbars run at once, each
@@ -9,6 +10,8 @@ with the config ``run.py`` gives its own (``--features``: the route keyed,
 ``cache_affinity``, the JSON log), and take the same load in turn, the order swapped every
 pair, so that what the machine does meanwhile falls on both alike. A change of a few per
 cent shows here when a full ``run.py`` of each, minutes apart, would hide it.
+``--python-before`` and ``--python-after`` run a side under another virtualenv's
+interpreter (its ``twistd``).
 
 Each run prints crossbar's CPU per request (``wrk``, 64 connections) or per chunk
 (``--streams K``: K concurrent streams of 50 chunks), split into user and system time from
@@ -22,13 +25,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import KEY, ROUTE, crossbar_config, free_port, stop, wait_for
+from harness import KEY, ROUTE, crossbar_config, crossbar_twistd, free_port, stop, wait_for
 from loads import run_streams, run_wrk
 from procstat import CLK_TCK
 
@@ -42,11 +44,13 @@ def user_system(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
-def start(name: str, src: Path, upstream: int, workdir: Path, features: bool) -> tuple[Any, int]:
+def start(
+    name: str, src: Path, python: Path | None, upstream: int, workdir: Path, features: bool
+) -> tuple[Any, int]:
     port = free_port()
     config = workdir / f"{name}.yaml"
     crossbar_config(config, port, upstream, None, 1, features)
-    twistd = Path(sys.executable).parent / "twistd"
+    twistd = crossbar_twistd(python)
     env = dict(os.environ, PYTHONPATH=str(src))
     with open(workdir / f"{name}.log", "wb") as log:
         proc = subprocess.Popen(
@@ -84,6 +88,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5, help="seconds per wrk run (5)")
     parser.add_argument("--features", action="store_true", help="keys, cache_affinity, JSON log")
     parser.add_argument("--streams", type=int, default=0, help="K streams instead of wrk")
+    parser.add_argument("--python-before", type=Path, default=None, help="its interpreter")
+    parser.add_argument("--python-after", type=Path, default=None, help="its interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args()
     for side in (args.before, args.after):
@@ -101,8 +107,12 @@ def main() -> None:
         try:
             wait_for(f"http://127.0.0.1:{upstream_port}/health", "upstream", upstream)
             urls = {}
-            for name, src in (("before", args.before), ("after", args.after)):
-                procs[name], port = start(name, src, upstream_port, workdir, args.features)
+            sides = (
+                ("before", args.before, args.python_before),
+                ("after", args.after, args.python_after),
+            )
+            for name, src, python in sides:
+                procs[name], port = start(name, src, python, upstream_port, workdir, args.features)
                 urls[name] = f"http://127.0.0.1:{port}/{ROUTE}/v1/chat/completions"
                 run_wrk(urls[name], 1, 64, 2, key)  # warm: imports, pools, caches
                 run_streams(urls[name], 10, 5, 10, key=key)

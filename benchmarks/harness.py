@@ -51,6 +51,15 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return 0, b""
 
 
+def crossbar_twistd(python: Path | None) -> Path:
+    """The ``twistd`` crossbar runs under: beside ``python`` (the virtualenv's interpreter,
+    not resolved through its symlink), else beside this interpreter."""
+    twistd = Path(python or sys.executable).parent / "twistd"
+    if not twistd.exists():
+        raise SystemExit(f"run.py: no twistd beside {python or sys.executable}")
+    return twistd
+
+
 def wait_for(url: str, what: str, proc: subprocess.Popen[Any], log: Path | None = None) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -158,7 +167,7 @@ class Bench:
             self.args.workers,
             features,
         )
-        twistd = Path(sys.executable).parent / "twistd"
+        twistd = crossbar_twistd(self.args.python)
         env = dict(os.environ)
         paths = [p for p in (env.get("PYTHONPATH"),) if p]
         if self.args.crossbar_src is not None:

@@ -215,6 +215,12 @@ def main() -> None:
         help="run the crossbar package from this directory (another checkout) instead",
     )
     parser.add_argument(
+        "--python",
+        type=Path,
+        default=None,
+        help="run crossbar with the twistd beside this interpreter (another virtualenv's)",
+    )
+    parser.add_argument(
         "--gc-tune",
         default="",
         metavar="freeze,threshold=N",
@@ -240,7 +246,7 @@ def main() -> None:
 
     started = dt.datetime.now().astimezone()
     t0 = time.monotonic()
-    info = machine(args.crossbar_src)
+    info = machine(args.crossbar_src, args.python)
     info.update({name: peers.version(name) for name in found})
     print(
         f"crossbar benchmark {started:%Y-%m-%d %H:%M %Z}: {info['nproc']} x {info['cpu']}, "
