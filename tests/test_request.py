@@ -18,29 +18,20 @@ from crossbar.config import Limits
 from crossbar.server.request import ProxyRequest, log_access
 from crossbar.server.site import Site
 from crossbar.server.timers import http_date
-from tests.doors import (
-    CHAT,
-    CHUNKED_HEAD,
-    PEER,
-    Door,
-    Leaf,
-    MiB,
-    chunked,
-    door,
-    get,
-    post,
-)
+from tests import doors
+from tests.doors import Door, chunked, get, post
 
 
 @pytest.fixture
 def d() -> Door:
-    return door()
+    """A site with the default limits."""
+    return doors.door()
 
 
 # -- dispatch ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", [CHAT, b"/", b"/x%2Fy/v1/models?a=b"])
+@pytest.mark.parametrize("path", [doors.CHAT, b"/", b"/x%2Fy/v1/models?a=b"])
 def test_any_other_path_goes_straight_to_the_proxy(d: Door, path: bytes) -> None:
     d.connect().send(post(path))
     [request] = d.proxy.rendered
@@ -63,10 +54,10 @@ def test_the_pages_go_the_usual_way(d: Door, path: bytes) -> None:
 
 
 def test_a_site_without_a_proxy_dispatches_as_twisted_web_does() -> None:
-    pages = Leaf()
+    pages = doors.Leaf()
     root = Resource()
     root.putChild(b"_crossbar", pages)
-    channel = Site(root, timeout=None).buildProtocol(PEER)
+    channel = Site(root, timeout=None).buildProtocol(doors.PEER)
     channel.makeConnection(StringTransport())
     channel.dataReceived(get(b"/_crossbar/metrics"))
     assert len(pages.rendered) == 1
@@ -83,7 +74,7 @@ def test_the_date_is_http_s_format_and_made_once_a_second() -> None:
 
 
 def test_a_body_announced_over_max_body_is_413_before_it_is_read() -> None:
-    d = door(Limits(max_body=10))
+    d = doors.door(Limits(max_body=10))
     ok, over = d.connect(), d.connect()
     ok.send(post(body=b"x" * 10))
     over.send(post(body=b"x" * 11, extra=b"Expect: 100-continue\r\n")[:-11])
@@ -95,11 +86,11 @@ def test_a_body_announced_over_max_body_is_413_before_it_is_read() -> None:
 def test_a_refused_upload_is_drained_never_kept(d: Door) -> None:
     """10 MiB sent after a refused head: nothing of it is held or answered again."""
     conn = d.connect()
-    conn.send(get(CHAT, b"PUT", extra=b"Content-Length: %d\r\n" % (10 * MiB)))
+    conn.send(get(doors.CHAT, b"PUT", extra=b"Content-Length: %d\r\n" % (10 * doors.MiB)))
     answer = conn.answer
     request = conn.channel.requests[-1]
     piece = b"x" * 65536
-    for _ in range(10 * MiB // len(piece)):
+    for _ in range(10 * doors.MiB // len(piece)):
         conn.send(piece)
     assert request.content is not None and request.content.tell() == 0
     assert request.content.getvalue() == b""
@@ -107,9 +98,9 @@ def test_a_refused_upload_is_drained_never_kept(d: Door) -> None:
 
 
 def test_a_chunked_upload_is_cut_off_as_soon_as_it_passes_max_body() -> None:
-    d = door(Limits(max_body=10))
+    d = doors.door(Limits(max_body=10))
     conn = d.connect()
-    conn.send(CHUNKED_HEAD + chunked(b"x" * 6, end=False))
+    conn.send(doors.CHUNKED_HEAD + chunked(b"x" * 6, end=False))
     assert conn.answer == b""
     conn.send(chunked(b"y" * 5))
     assert conn.refusal()[::2] == (413, {"error": "body too large"})
@@ -117,7 +108,7 @@ def test_a_chunked_upload_is_cut_off_as_soon_as_it_passes_max_body() -> None:
 
 
 def test_bodies_held_at_once_are_capped_and_released_when_each_request_ends() -> None:
-    d = door(Limits(max_body_memory=100, max_body=100))
+    d = doors.door(Limits(max_body_memory=100, max_body=100))
     first, second = d.connect(), d.connect()
     first.send(post(body=b"x" * 60))
     second.send(post(body=b"x" * 60)[:-60])  # refused before its body is sent
@@ -142,18 +133,18 @@ def test_bodies_held_at_once_are_capped_and_released_when_each_request_ends() ->
 
 
 def test_chunked_bodies_count_as_they_arrive() -> None:
-    d = door(Limits(max_body_memory=100, max_body=100))
+    d = doors.door(Limits(max_body_memory=100, max_body=100))
     held = d.connect()
     held.send(post(body=b"x" * 50))
     conn = d.connect()
-    conn.send(CHUNKED_HEAD + chunked(b"y" * 40, end=False))
+    conn.send(doors.CHUNKED_HEAD + chunked(b"y" * 40, end=False))
     assert d.site.body_memory == 90 and conn.answer == b""
     conn.send(chunked(b"z" * 20))
     assert conn.refusal()[::2] == (503, {"error": "busy"})
     assert d.site.body_memory == 50  # what the refused one held is let go at once
 
     ok = d.connect()
-    ok.send(CHUNKED_HEAD + chunked(b"a" * 30, b"b" * 20))
+    ok.send(doors.CHUNKED_HEAD + chunked(b"a" * 30, b"b" * 20))
     [_, request] = d.proxy.rendered
     assert request.content is not None and request.content.read() == b"a" * 30 + b"b" * 20
     assert d.site.body_memory == 100
