@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from crossbar.fleet.rendezvous import rank, ranked_hosts, rendezvous
+from crossbar.fleet.rendezvous import rank, ranked_hosts, rendezvous, take_slot
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
 SLOTS = {"gpu-a": 4, "gpu-b": 4, "gpu-c": 4}
@@ -52,3 +52,15 @@ def test_the_ranking_depends_on_the_set_alone_and_fills_slots() -> None:
     by_rank = sorted(conversations, key=rank, reverse=True)
     assert Counter(crowded[k] for k in by_rank[:12]) == Counter(SLOTS)
     assert all(crowded[k] == rendezvous(k, HOSTS)[0] for k in by_rank[12:])  # no room: home
+
+
+def test_a_conversation_takes_its_first_host_with_a_slot_left_else_its_home() -> None:
+    key = b"k" * 16
+    home, second = rendezvous(key, HOSTS)[:2]
+    slots = {home: 1, second: 1}
+    taken = dict.fromkeys(HOSTS, 0)
+    assert take_slot(key, HOSTS, slots, taken) == home
+    assert take_slot(key, HOSTS, slots, taken) == second  # the home's one slot is taken
+    full = dict.fromkeys(HOSTS, 1)
+    assert take_slot(key, [home, second], slots, full) == home  # no slot anywhere: home
+    assert (taken[home], taken[second], full[home]) == (1, 1, 2)

@@ -51,7 +51,7 @@ from typing import Literal
 
 import attrs
 
-from crossbar.fleet.rendezvous import ranked_hosts, rendezvous
+from crossbar.fleet.rendezvous import ranked_hosts, rendezvous, take_slot
 
 AffinityOutcome = Literal["new", "home", "moved"]
 """``new``: a conversation this crossbar had not seen, sent to its home; ``home``: a known
@@ -266,8 +266,9 @@ class Conversations:
             return None
         home = order[0]
         entry = self._entries.get(key)
-        ranked = self._answered_elsewhere(entry, turn, self._now(now))
-        first = self._ranked_host(key, group, now) if ranked else None
+        tick = self._now(now)
+        ranked = self._answered_elsewhere(entry, turn, tick)
+        first = self._ranked_host(key, group, now, tick) if ranked else None
         if first is None:
             ranked = False  # not ranked this time: too many live conversations
             first = entry.host if entry else None
@@ -300,14 +301,13 @@ class Conversations:
             return True
         return entry is None and tick - self._replicas_seen < _BUCKETS
 
-    def _ranked_host(self, key: bytes, group: Sequence[str], now: float) -> str | None:
+    def _ranked_host(self, key: bytes, group: Sequence[str], now: float, tick: int) -> str | None:
         """Where :func:`ranked_hosts` puts ``key`` among the conversations live on the
         group's hosts, computed again when conversations have come or gone. It reads every
         live one: beyond :data:`RANK_EXACT` of them, at most once every
         :data:`RANK_SECONDS`, and a conversation new since then takes the first host with a
         slot left, as if ranked last. ``None`` when more than :data:`RANK_MOST` are live:
         the conversation is then placed as if this crossbar were alone."""
-        tick = self._now(now)
         hosts = tuple(group)
         ranking = self._rankings.get(hosts)
         if ranking is None or self._due(ranking, key, tick, now):
@@ -329,11 +329,7 @@ class Conversations:
             return None
         host = ranking.placed.get(key)
         if host is None:
-            order = rendezvous(key, group)
-            taken, slots = ranking.taken, self.slots
-            host = next((h for h in order if h not in slots or taken[h] < slots[h]), order[0])
-            ranking.placed[key] = host
-            taken[host] += 1
+            host = ranking.placed[key] = take_slot(key, group, self.slots, ranking.taken)
         return host
 
     def _due(self, ranking: _Ranking, key: bytes, tick: int, now: float) -> bool:

@@ -34,8 +34,16 @@ def ranked_hosts(
     taken = dict.fromkeys(group, 0)
     placed = {}
     for key in sorted(keys, key=rank, reverse=True):
-        order = rendezvous(key, group)
-        host = next((h for h in order if h not in slots or taken[h] < slots[h]), order[0])
-        taken[host] += 1
-        placed[key] = host
+        placed[key] = take_slot(key, group, slots, taken)
     return placed
+
+
+def take_slot(
+    key: bytes, group: Sequence[str], slots: Mapping[str, int], taken: dict[str, int]
+) -> str:
+    """The first host by weight with a slot left after ``taken`` (its home when none has;
+    a host without ``slots`` always has one), counted in ``taken``."""
+    order = rendezvous(key, group)
+    host = next((h for h in order if h not in slots or taken[h] < slots[h]), order[0])
+    taken[host] += 1
+    return host

@@ -11,7 +11,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.web import server
 
-from crossbar._twisted import client_gone, request_line, request_version, write_now
+from crossbar._twisted import client_gone, request_line, request_version
 from crossbar.server import door
 from crossbar.server.timers import http_date
 
@@ -60,8 +60,7 @@ class ProxyRequest(server.Request):
         if self.chunked and self.startedWriting and not self.finished and data:
             if not client_gone(self):
                 self.sentLength += len(data)
-                channel: Any = self.channel
-                write_now(channel._direct, channel.transport, b"%x\r\n%s\r\n" % (len(data), data))
+                self.channel.write(b"%x\r\n%s\r\n" % (len(data), data))  # type: ignore[union-attr]
             return
         super().write(data)
 

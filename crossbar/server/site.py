@@ -1,8 +1,9 @@
 """twisted.web's server side, made fit for a proxy on a shared network: deadlines for a
 request's headers and body, refusals answered from a head alone (then nothing more is
-read), a cap on open connections and on request bodies held at once, answers written
-without a reactor turn in between where twisted.web would queue them, and no access log
-of twisted.web's own. Each request is a :class:`~crossbar.server.request.ProxyRequest`."""
+read), a cap on open connections and on request bodies held at once, data sent at once
+when nothing is queued (an answer's head waits for the end of the reactor's turn), and no
+access log of twisted.web's own. Each request is a
+:class:`~crossbar.server.request.ProxyRequest`."""
 
 from __future__ import annotations
 
