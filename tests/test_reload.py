@@ -356,6 +356,32 @@ def _served(daemon: Daemon, host: str) -> int:
     return daemon.output().count(line)
 
 
+@attrs.frozen
+class _Fleet:
+    """A crossbar under twistd in front of the two hosts, and how to write its file."""
+
+    daemon: Daemon
+    port: int
+    head: str
+    """The file's first lines (``listen`` and any more), kept by every rewrite."""
+    urls: tuple[str, str]
+    workers: int
+
+    def yaml(self, route_hosts: str) -> str:
+        return self.head + _fleet_yaml(*self.urls, route_hosts, self.workers)
+
+
+def _start_fleet(
+    tmp_path: Path, hosts: tuple[Daemon, Daemon], workers: int = 1, more: str = ""
+) -> _Fleet:
+    """The crossbar of :func:`_fleet_yaml`, route ``lab`` on gpu-a, started."""
+    port = free_port()
+    head = f'listen: "tcp:{port}:interface=127.0.0.1"\n{more}'
+    a, b = hosts
+    yaml = head + _fleet_yaml(a.url, b.url, "gpu-a", workers)
+    return _Fleet(start_daemon(tmp_path, yaml, port=port), port, head, (a.url, b.url), workers)
+
+
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
     slow = ("--chunks", "30", "--chunk-interval", "0.05")
@@ -370,20 +396,18 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
 def test_sighup_reloads_the_file_and_a_stream_in_flight_finishes(
     tmp_path: Path, two_hosts: tuple[Daemon, Daemon]
 ) -> None:
-    a, b = two_hosts
-    port = free_port()
-    head = f'listen: "tcp:{port}:interface=127.0.0.1"\n'
-    daemon = start_daemon(tmp_path, head + _fleet_yaml(a.url, b.url, "gpu-a"), port=port)
+    fleet = _start_fleet(tmp_path, two_hosts)
+    daemon = fleet.daemon
     try:
         assert daemon.wait(lambda: "host gpu-a is up" in daemon.output(), 10), daemon.log()
-        stream = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        stream = http.client.HTTPConnection("127.0.0.1", fleet.port, timeout=10)
         stream.request("POST", CHAT, json.dumps(STREAM), {"Content-Type": "application/json"})
         answer = stream.getresponse()
         assert answer.status == 200
         first = answer.readline()  # the stream is under way on gpu-a
         assert first.startswith(b"data: ")
 
-        _rewrite(tmp_path / "crossbar.yaml", head + _fleet_yaml(a.url, b.url, "gpu-b"))
+        _rewrite(tmp_path / "crossbar.yaml", fleet.yaml("gpu-b"))
         os.kill(daemon.proc.pid, signal.SIGHUP)
         reloaded = "reloaded crossbar.yaml: routes changed: lab"
         assert daemon.wait(lambda: reloaded in daemon.output(), 10), daemon.log()
@@ -396,7 +420,7 @@ def test_sighup_reloads_the_file_and_a_stream_in_flight_finishes(
         lines = lambda: (_served(daemon, "gpu-a"), _served(daemon, "gpu-b"))  # noqa: E731
         assert daemon.wait(lambda: lines() == (1, 1), 5), daemon.log()
 
-        _rewrite(tmp_path / "crossbar.yaml", head + "routes: [not, a, mapping]\n")
+        _rewrite(tmp_path / "crossbar.yaml", fleet.head + "routes: [not, a, mapping]\n")
         os.kill(daemon.proc.pid, signal.SIGHUP)
         assert daemon.wait(lambda: "reload refused" in daemon.output(), 10), daemon.log()
         refused = [line for line in daemon.output().splitlines() if "reload refused" in line]
@@ -409,14 +433,11 @@ def test_sighup_reloads_the_file_and_a_stream_in_flight_finishes(
 
 
 def test_one_sighup_reloads_every_worker(tmp_path: Path, two_hosts: tuple[Daemon, Daemon]) -> None:
-    a, b = two_hosts
-    port = free_port()
-    head = f'listen: "tcp:{port}:interface=127.0.0.1"\n'
-    yaml = head + _fleet_yaml(a.url, b.url, "gpu-a", workers=2)
-    daemon = start_daemon(tmp_path, yaml, port=port)
+    fleet = _start_fleet(tmp_path, two_hosts, workers=2)
+    daemon = fleet.daemon
     try:
         assert daemon.wait(lambda: "[worker-1]" in daemon.output(), 20), daemon.log()
-        _rewrite(tmp_path / "crossbar.yaml", head + _fleet_yaml(a.url, b.url, "gpu-b", workers=2))
+        _rewrite(tmp_path / "crossbar.yaml", fleet.yaml("gpu-b"))
         os.kill(daemon.proc.pid, signal.SIGHUP)
 
         def both_reloaded() -> bool:
@@ -438,15 +459,13 @@ def test_the_units_reload_checks_the_file_before_the_signal(
 ) -> None:
     """``systemctl reload`` runs the unit's ExecReload lines in order and stops at the first
     that fails: a bad file fails the reload command, and crossbar never sees a SIGHUP."""
-    a, b = two_hosts
     unit = (REPO / "contrib" / "crossbar.service").read_text()
     commands = [
         line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecReload=")
     ]
     assert len(commands) == 2
-    port = free_port()
-    head = f'listen: "tcp:{port}:interface=127.0.0.1"\n'
-    daemon = start_daemon(tmp_path, head + _fleet_yaml(a.url, b.url, "gpu-a"), port=port)
+    fleet = _start_fleet(tmp_path, two_hosts)
+    daemon = fleet.daemon
     config = tmp_path / "crossbar.yaml"
 
     def systemctl_reload() -> int:
@@ -460,9 +479,9 @@ def test_the_units_reload_checks_the_file_before_the_signal(
         return 0
 
     try:
-        _rewrite(config, head + "routes: {lab: {hosts: [gpu-x]}}\n")
+        _rewrite(config, fleet.head + "routes: {lab: {hosts: [gpu-x]}}\n")
         assert systemctl_reload() == 2
-        _rewrite(config, head + _fleet_yaml(a.url, b.url, "gpu-b"))
+        _rewrite(config, fleet.yaml("gpu-b"))
         assert systemctl_reload() == 0
         reloaded = "reloaded crossbar.yaml: routes changed: lab"
         assert daemon.wait(lambda: reloaded in daemon.output(), 10), daemon.log()
@@ -474,13 +493,11 @@ def test_the_units_reload_checks_the_file_before_the_signal(
 def test_a_post_to_any_worker_reloads_every_worker(
     tmp_path: Path, two_hosts: tuple[Daemon, Daemon]
 ) -> None:
-    a, b = two_hosts
-    port = free_port()
-    head = f'listen: "tcp:{port}:interface=127.0.0.1"\nstatus_keys: [admin-key]\n'
-    daemon = start_daemon(tmp_path, head + _fleet_yaml(a.url, b.url, "gpu-a", workers=2), port=port)
+    fleet = _start_fleet(tmp_path, two_hosts, workers=2, more="status_keys: [admin-key]\n")
+    daemon = fleet.daemon
     try:
         assert daemon.wait(lambda: "[worker-1]" in daemon.output(), 20), daemon.log()
-        _rewrite(tmp_path / "crossbar.yaml", head + _fleet_yaml(a.url, b.url, "gpu-b", workers=2))
+        _rewrite(tmp_path / "crossbar.yaml", fleet.yaml("gpu-b"))
         answers = []
         for _ in range(8):  # new connections: the kernel spreads them over both workers
             request = urllib.request.Request(

@@ -5,7 +5,6 @@ streams finish while the new one takes every new connection."""
 from __future__ import annotations
 
 import http.client
-import http.server
 import json
 import threading
 from collections import Counter
