@@ -53,7 +53,7 @@ AREAS = [
     ("metrics (request_done)", r"^Metrics\.request_done "),
     ("form parsing of the body (twisted.web _parseContentType)", r"^_parseContentType "),
     ("model peek (peek_model, with_model)", r"^(peek_model|with_model) "),
-    ("host choice (choose, table snapshot)", r"^(choose|choose_for_route|HealthTable\.snapshot) "),
+    ("host choice (choose, table snapshot)", r"^(choose|pick|best_group|HealthTable\.snapshot) "),
     ("header copying (upstream_headers, response headers)", r"^upstream_headers "),
     (
         "timers (callLater, cancel, reset, addTimeout)",

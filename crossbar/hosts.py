@@ -23,6 +23,7 @@ from twisted.web.client import HTTPConnectionPool
 from crossbar.config import Config, HostConfig, Secret
 from crossbar.config.changes import Changes, moved
 from crossbar.fleet import HealthTable, HostState, Traffic
+from crossbar.fleet.policies import places_conversations
 from crossbar.fleet.poller import Poller
 from crossbar.fleet.recent import RecentTraffic
 from crossbar.upstream import Upstreams
@@ -138,4 +139,4 @@ def _keys(hosts: Mapping[str, HostConfig]) -> dict[str, Secret]:
 
 
 def _affine(config: Config) -> Iterable[str]:
-    return [name for name, r in config.routes.items() if r.policy == "cache_affinity"]
+    return [name for name, r in config.routes.items() if places_conversations(r)]

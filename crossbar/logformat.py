@@ -3,8 +3,8 @@ one JSON object each, for machines; to a file a batch at a time.
 
 The lines still go where twistd's options send them (``--logfile``, ``--syslog``, ``-n``);
 only how each event is written changes. The request and host lines carry their fields
-in the event itself (``access``, ``host_state``), so nothing is parsed back out of text,
-and the text form pays only for a tuple.
+in the event itself (a request's record in ``access``, ``host_state``), so nothing is
+parsed back out of text, and the text form pays nothing for them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from twisted.logger import (
 )
 from zope.interface import implementer
 
+from crossbar.fleet.record import RequestRecord
 from crossbar.server.rewrite import printable
 
 
@@ -41,8 +42,8 @@ def json_line(event: LogEvent) -> str | None:
         return _encode(relayed) + "\n"
     access = event.get("access")
     state = event.get("host_state")
-    if access is not None:
-        fields = _request(access)
+    if isinstance(access, RequestRecord):
+        fields = _request(access, event.get("access_model"))
     elif state is not None:
         reason = event.get("reason")
         fields = {
@@ -80,22 +81,23 @@ def _encode(fields: dict[str, Any]) -> str:
     return line if line.isascii() and "\x7f" not in line else _JSON.encode(fields)
 
 
-def _request(access: tuple[Any, ...]) -> dict[str, object]:
-    """The access tuple (as :mod:`crossbar.server.exchange` logs it) as named fields."""
-    route, host, model, method, path, status, seconds, first_byte, sent, note = access
+def _request(record: RequestRecord, model: object) -> dict[str, object]:
+    """A request's record (as :class:`~crossbar.server.accesslog.AccessLog` logs it) as
+    named fields; ``model`` as the access log shows it (``other`` when no host lists it)."""
+    first_byte = record.first_byte
+    notes = record.notes()
     return {
         "event": "request",
-        "route": route,
-        "host": host,
+        "route": record.route,
+        "host": record.host,
         "model": model,
-        "method": printable(method or b"-", 16),
-        "path": printable(path, 200),
-        "status": status,
-        "ms": round(seconds * 1000),
+        "method": printable(record.method or b"-", 16),
+        "path": printable(record.path, 200),
+        "status": record.status,
+        "ms": round(record.seconds * 1000),
         "ttfb_ms": None if first_byte is None else round(first_byte * 1000),
-        "bytes": sent,
-        # " (client left) (tried gpu-a, gpu-b)" -> "client left; tried gpu-a, gpu-b"
-        "note": note.strip()[1:-1].replace(") (", "; ") if note else None,
+        "bytes": record.sent,
+        "note": "; ".join(notes) if notes else None,
     }
 
 

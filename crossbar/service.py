@@ -1,9 +1,11 @@
-"""The composition root: config -> health table -> proxy, pages and listeners, wired
-once, in one place, into one Twisted service.
+"""The composition root: config -> hosts -> proxy, pages and front door, wired once, in
+one place, into one Twisted service.
 
-Data flows one way: the config names the hosts, the poller fills the health table,
-the proxy reads the table to choose a host and reports each request to the metrics,
-and the status pages only read.
+Data flows one way: the config names the hosts, the poller fills the health table, the
+proxy reads the table to choose a host and hands each request's record to its observers
+(metrics, the recent window, the access log), and the status pages read all of it. The
+one thing the pages change is the config: ``POST /_crossbar/reload`` calls
+:meth:`Crossbar.reload_everywhere`.
 """
 
 from __future__ import annotations
@@ -16,37 +18,33 @@ from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
-from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
-from twisted.web.resource import Resource
 
 from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, Config, ConfigError, tcp_address
 from crossbar.config.changes import Changes, Reloaded, Reloads, compare
 from crossbar.config.fields import shown_listen
 from crossbar.fleet import Observers
-from crossbar.hosts import Hosts, log_transition
+from crossbar.hosts import Hosts
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
+from crossbar.server.accesslog import AccessLog
 from crossbar.server.context import ProxyContext
-from crossbar.server.draining import count_requests, drain
-from crossbar.server.keys import KeyGuard, Pages
-from crossbar.server.listening import Listener, ReusePortEndpoint
-from crossbar.server.resources import ProxyResource, RootResource
-from crossbar.server.site import Site
+from crossbar.server.draining import count_requests
+from crossbar.server.front import FrontDoor, PageResources
+from crossbar.server.resources import ProxyResource
 from crossbar.upstream.failures import describe
 
 log = Logger()
 
-CLIENT_IDLE_TIMEOUT = 75.0
-"""Seconds an idle client connection is kept open."""
-__all__ = ["Crossbar", "announcement", "log_transition", "shown_listen"]
+__all__ = ["Crossbar", "announcement"]
 
 
 class Crossbar(MultiService):
-    """The running crossbar: poller, proxy, status pages and listener. Tests build it directly."""
+    """The running crossbar: hosts, proxy, status pages and front door. Tests build it
+    directly."""
 
     def __init__(
         self,
@@ -56,8 +54,7 @@ class Crossbar(MultiService):
         load: Callable[[], Config] | None = None,
     ) -> None:
         super().__init__()
-        self.config = config
-        self.worker = worker
+        self.config, self.worker, self._reactor = config, worker, reactor
         self.load = load
         """Reads the config file again for a reload; ``None`` when there is none (a demo)."""
         self.reloads = Reloads(reactor.seconds())
@@ -68,84 +65,38 @@ class Crossbar(MultiService):
         self.recent = hosts.recent
         self.metrics = Metrics(self.table, self.traffic)
         self.metrics.count_reloads(self.reloads)
-        self._observer = Observers(self.metrics, self.recent)
-        self.proxy = ProxyResource(self._context(config, reactor))
-        self.status = StatusApp(
+        self._observer = Observers(self.metrics, self.recent, AccessLog(self.table.knows))
+        self.proxy = ProxyResource(self._context(config))
+        self.status = self._status_app(config, reactor, worker)
+        shared = worker is not None or config.listen_reuse_port
+        private = None if worker is None else _publish(worker)
+        pages = PageResources(self.status.resource(), self.status.probes(), self.status.own_root())
+        door = FrontDoor(config, reactor, self.proxy, pages, self._observer, shared=shared,
+                         private_port=private)  # fmt: skip
+        self.door, self.site, self.listener = door, door.site, door.listener
+        self.status_listener = door.status_listener
+        self.metrics.count_connections(self.site)
+        for service in (hosts.closer, self.poller, door):
+            service.setServiceParent(self)
+        if shared:
+            self.listener.listening.addCallback(self._accept_once_polled)
+        if worker is None or worker.index == 0:
+            self.listener.listening.addCallback(self._announce)
+
+    def _status_app(self, config: Config, reactor: Any, worker: WorkerInfo | None) -> StatusApp:
+        gather = None if worker is None else lambda: self._all_metrics(worker)
+        return StatusApp(
             config,
             self.table,
             self.traffic,
             self.metrics,
             reactor,
-            gather_metrics=None if worker is None else lambda: self._all_metrics(worker),
+            gather_metrics=gather,
             recent=self.recent,
             worker=worker,
             reloads=self.reloads,
             reload=self.reload_everywhere,
         )
-
-        root = RootResource(self.proxy)
-        status_root = self.status.resource()
-        own_pages = config.status_listen is not None
-        root.putChild(b"_crossbar", self.status.probes() if own_pages else status_root)
-        self._guarded: list[tuple[Site, Pages]] = []
-        """Each site with which of the pages it guards: their keys change with a reload."""
-        self.site = self._guard(
-            "probes" if own_pages else "all",
-            root,
-            proxy=self.proxy,
-            limits=config.limits,
-            timeout=CLIENT_IDLE_TIMEOUT,
-            parsePOSTFormSubmission=False,
-        )
-        self.metrics.count_connections(self.site)
-
-        hosts.closer.setServiceParent(self)
-        self.poller.setServiceParent(self)
-        shared = worker is not None or config.listen_reuse_port
-        endpoint = _endpoint(reactor, config.listen, shared)
-        if worker is not None:
-            # A private loopback port where the other workers ask for this one's metrics.
-            admin = Resource()
-            admin.putChild(b"_crossbar", status_root)
-            # Guarded like the pages: any local user can reach a loopback port.
-            private = Listener(
-                TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
-                self._guard(
-                    "only",
-                    admin,
-                    internal=True,
-                    timeout=30,
-                    parsePOSTFormSubmission=False,
-                ),
-            )
-            private.setServiceParent(self)
-            private.listening.addCallback(publish_port, worker.port_file(worker.index))
-        self.status_listener: Listener | None = None
-        self._reactor = reactor
-        self._sites = [self.site]
-        if config.status_listen is not None:
-            # Started before the main port, so that the announcement knows both.
-            pages_site = self._guard(
-                "only",
-                self.status.own_root(),
-                internal=True,  # announced with the routes, not as a second crossbar
-                limits=config.limits,
-                timeout=CLIENT_IDLE_TIMEOUT,
-                parsePOSTFormSubmission=False,
-            )
-            self._sites.append(pages_site)
-            self.status_listener = Listener(
-                _endpoint(reactor, config.status_listen, shared),
-                pages_site,
-                name=shown_listen(config.status_listen),
-            )
-            self.status_listener.setServiceParent(self)
-        self.listener = Listener(endpoint, self.site, name=shown_listen(config.listen))
-        self.listener.setServiceParent(self)
-        if shared:
-            self.listener.listening.addCallback(self._accept_once_polled)
-        if worker is None or worker.index == 0:
-            self.listener.listening.addCallback(self._announce)
 
     def stopService(self) -> Deferred[Any]:
         """Drain, then stop the poller, the pools and the listeners."""
@@ -161,19 +112,12 @@ class Crossbar(MultiService):
         if self.status.draining:
             return
         self.status.draining = True
-        listeners = (self.listener, self.status_listener)
-        await drain(self._sites, listeners, self.config.drain_timeout, self._reactor)
+        await self.door.drain(self.config.drain_timeout)
 
-    def _guard(self, pages: Pages, *args: Any, **kwargs: Any) -> Site:
-        """A site guarded by the config's keys for ``pages`` (and again after a reload)."""
-        site = Site(*args, guard=_guard(self.config, pages), **kwargs)
-        self._guarded.append((site, pages))
-        return site
-
-    def _context(self, config: Config, reactor: Any) -> ProxyContext:
+    def _context(self, config: Config) -> ProxyContext:
         hosts = self.hosts
         traffic, upstreams = hosts.traffic, hosts.upstreams
-        return ProxyContext(config, hosts.table, traffic, upstreams, reactor, self._observer)
+        return ProxyContext(config, hosts.table, traffic, upstreams, self._reactor, self._observer)
 
     # -- reload ----------------------------------------------------------------------------
 
@@ -218,19 +162,16 @@ class Crossbar(MultiService):
     def _apply(self, changes: Changes) -> None:
         """Everything that can fail is built before anything running is changed."""
         config = changes.config
-        guards = [(site, _guard(config, pages)) for site, pages in self._guarded]
+        take_config = self.door.prepare(config)
         leaving = self.hosts.apply(changes)
         for name in leaving:
             count = count_requests(self.traffic.in_flight.get(name, 0), "in flight")
             log.info(
                 "host {name} left the config: kept until its {count} end", name=name, count=count
             )
-        for site, guard in guards:
-            site.guard = guard
-        for site in self._sites:  # the sites that serve clients: the config's limits
-            site.limits = config.limits
+        take_config()
         self.config = self.status.config = config
-        self.proxy.context = self._context(config, self._reactor)
+        self.proxy.context = self._context(config)
 
     def _accept_once_polled(self, port: Any) -> Any:
         """A port shared with other processes (workers, an upgrade's old crossbar) takes
@@ -262,12 +203,6 @@ class Crossbar(MultiService):
         )
 
 
-def _endpoint(reactor: Any, listen: str, shared: bool) -> IStreamServerEndpoint:
-    """Where to listen; ``shared`` with other processes (workers, or an upgrade's new
-    crossbar) through ``SO_REUSEPORT``."""
-    return ReusePortEndpoint(reactor, listen) if shared else serverFromString(reactor, listen)
-
-
 def _said(result: Reloaded) -> Reloaded:
     """Log a reload's outcome: one line."""
     if result.ok:
@@ -277,10 +212,9 @@ def _said(result: Reloaded) -> Reloaded:
     return result
 
 
-def _guard(config: Config, pages: Pages) -> KeyGuard | None:
-    """The keys of a listener, or ``None`` where there are none to ask for."""
-    guard = KeyGuard.for_config(config, pages)
-    return guard if guard.needed else None
+def _publish(worker: WorkerInfo) -> Callable[[IListeningPort], object]:
+    """Where a worker's private port is written, for the other workers to find it."""
+    return lambda port: publish_port(port, worker.port_file(worker.index))
 
 
 def _port(port: IListeningPort | None) -> int | None:

@@ -32,7 +32,7 @@ from crossbar.fleet.affinity import (
     _LiveCounts,
 )
 from crossbar.fleet.rendezvous import ranked_hosts, rendezvous
-from crossbar.server.conversation import read_conversation
+from crossbar.server.shapes import read_conversation
 from crossbar.testing import Reader, RigMaker, SimulatedHost, rigs, wait_state
 from tests.support import Daemon, free_port, start_daemon, start_simulator
 

@@ -1,13 +1,17 @@
-"""crossbar.fleet.choice: which host serves a request, and which routes have none.
-Pure rules over hand-made host states."""
+"""crossbar.fleet.choice and the policies of crossbar.fleet.policies: which host serves a
+request, and which routes have none. Pure rules over hand-made host states; each policy
+asked as the pages ask it (its state does not move; tests/test_policies.py moves it)."""
 
 from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
 
 import pytest
 
 from crossbar.config import Policy, RouteConfig, WhenAllDown
-from crossbar.fleet.affinity import Conversations
-from crossbar.fleet.choice import choose, choose_for_route, place, routes_down
+from crossbar.fleet.affinity import Conversations, Placement
+from crossbar.fleet.choice import routes_down
+from crossbar.fleet.policies import REGISTRY, Ask, CacheAffinity, Conversation, RoundRobin
 from crossbar.fleet.rendezvous import rendezvous
 from crossbar.fleet.state import HostState
 
@@ -26,6 +30,55 @@ def route(
     return RouteConfig(
         name="r", hosts=hosts, default_model=None, policy=policy, when_all_down=when_all_down
     )
+
+
+def choose_for_route(
+    config: RouteConfig,
+    model: str | None,
+    states: Mapping[str, HostState],
+    in_flight: Mapping[str, int],
+    turn: int,
+    exclude: Collection[str] = (),
+) -> str | None:
+    """The route's policy's answer, its round-robin turn at ``turn``."""
+    policy = REGISTRY[config.policy].make([config.name], {})
+    if isinstance(policy, RoundRobin):
+        policy.turns[config.name] = turn
+    ask = Ask(model, exclude=tuple(exclude))
+    choice = policy.choose(config, ask, states, in_flight, commit=False)
+    return None if choice is None else choice.host
+
+
+def choose(
+    hosts: Sequence[str],
+    model: str | None,
+    states: Mapping[str, HostState],
+    *,
+    policy: Policy = "priority",
+    in_flight: Mapping[str, int] | None = None,
+    turn: int = 0,
+    exclude: Collection[str] = (),
+) -> str | None:
+    config = RouteConfig(name="r", hosts=tuple(hosts), default_model=None, policy=policy)
+    return choose_for_route(config, model, states, in_flight or {}, turn, exclude)
+
+
+def place(
+    config: RouteConfig,
+    model: str | None,
+    states: Mapping[str, HostState],
+    in_flight: Mapping[str, int],
+    table: Conversations,
+    key: bytes,
+    now: float,
+    exclude: Sequence[str] = (),
+    turn: int | None = None,
+) -> Placement | None:
+    policy = CacheAffinity()
+    policy.conversations = table
+    conversation = Conversation(key, turn)
+    ask = Ask(model, conversation, exclude, now)
+    return policy.place(config, ask, conversation, states, in_flight)
 
 
 def test_choice_prefers_loaded_then_known_then_healthy() -> None:

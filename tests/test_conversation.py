@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crossbar.server.conversation import PROMPT_BYTES, Conversation, read_conversation
+from crossbar.fleet import Conversation
+from crossbar.server.conversation import PROMPT_BYTES
+from crossbar.server.shapes import read_conversation
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"

@@ -24,7 +24,7 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from crossbar.config import HostSettings, RouteConfig
-from crossbar.service import CLIENT_IDLE_TIMEOUT
+from crossbar.server.front import CLIENT_IDLE_TIMEOUT
 from crossbar.testing import RigMaker, SimulatedHost, broken, eventually, fast, guard, rigs
 from tests.support import Blackhole, header, memory, raw_request, start_daemon
 

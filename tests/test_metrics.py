@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.web.client import ResponseNeverReceived
 
 from crossbar.config import HostSettings, RouteConfig
-from crossbar.fleet import HealthTable, Outcome
+from crossbar.fleet import HealthTable, RequestRecord
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.testing import Rig, SimulatedHost, all_polled, rigs
 
@@ -50,11 +50,11 @@ def table() -> HealthTable:
 
 def test_request_done_counts_by_route_host_and_code(table: HealthTable) -> None:
     metrics = Metrics(table, FakeProxy())
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 1.5, 0.2, 1000))
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 0.5, 0.1, 24))
-    metrics.request_done(Outcome("lab", "gpu-a", 499, 7.0, 0.3, 10))
-    metrics.request_done(Outcome("lab", None, 503, 0.001, None, 0))
-    metrics.request_done(Outcome("-", None, 404, 0.001, None, 0))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 1.5, 0.2, 1000))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.5, 0.1, 24))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 499, 7.0, 0.3, 10))
+    metrics.request_done(RequestRecord("lab", None, 503, 0.001, None, 0))
+    metrics.request_done(RequestRecord("-", None, 404, 0.001, None, 0))
 
     found = samples(metrics.render())
     assert value(found, "crossbar_requests_total", route="lab", host="gpu-a", code="200") == 2
@@ -98,7 +98,7 @@ def test_fleet_metrics_are_read_at_scrape_time(table: HealthTable) -> None:
 
 def test_each_crossbar_has_its_own_registry(table: HealthTable) -> None:
     one, two = Metrics(table, FakeProxy()), Metrics(table, FakeProxy())
-    one.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1))
+    one.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, 0.1, 1))
     assert value(samples(one.render()), "crossbar_requests_total", **LAB_A_200) == 1
     assert value(samples(two.render()), "crossbar_requests_total", **LAB_A_200) is None
     assert b"crossbar_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
@@ -188,7 +188,7 @@ async def test_in_flight_is_seen_while_a_request_runs(rig: Rig) -> None:
 
 def test_no_counter_has_a_created_twin(table: HealthTable) -> None:
     metrics = Metrics(table, FakeProxy())
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 1.5, 0.2, 1000, "m1"))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 1.5, 0.2, 1000, "m1"))
     text = metrics.render().decode()
     assert "crossbar_requests_total" in text and "_created" not in text
 
@@ -200,7 +200,7 @@ def test_requests_by_model_name_only_models_the_fleet_knows(table: HealthTable) 
     table.record_ok("gpu-b", loaded=[], known=["m3"])
     metrics = Metrics(table, FakeProxy())
     for model in ["m1", "m2", "m3", "m1", "typo-1", "typo-2", None]:
-        metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, model))
+        metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, 0.1, 1, model))
     found = samples(metrics.render())
     by_model = "crossbar_model_requests_total"
     assert value(found, by_model, route="lab", model="m1") == 2
@@ -210,7 +210,7 @@ def test_requests_by_model_name_only_models_the_fleet_knows(table: HealthTable) 
     assert value(found, by_model, route="lab", model="typo-1") is None
     # Once a host lists it, a model has a label of its own.
     table.record_ok("gpu-b", loaded=[], known=["m3", "typo-1"])
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, "typo-1"))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, 0.1, 1, "typo-1"))
     assert value(samples(metrics.render()), by_model, route="lab", model="typo-1") == 1
 
 
@@ -222,8 +222,8 @@ def test_affinity_outcomes_are_counted_by_route_host_and_outcome(table: HealthTa
         ("gpu-a", "home"),
         ("gpu-b", "moved"),
     ]:
-        metrics.request_done(Outcome("lab", host, 200, 0.1, 0.1, 1, "m1", outcome))  # type: ignore[arg-type]
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 0.1, 0.1, 1, "m1"))  # no conversation
+        metrics.request_done(RequestRecord("lab", host, 200, 0.1, 0.1, 1, "m1", outcome))  # type: ignore[arg-type]
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, 0.1, 1, "m1"))  # no conversation
     found = samples(metrics.render())
     name = "crossbar_affinity_total"
     assert value(found, name, route="lab", host="gpu-a", outcome="new") == 1
@@ -236,8 +236,8 @@ def test_a_duration_on_a_bucket_bound_counts_in_that_bucket(table: HealthTable) 
     """Prometheus buckets are "less than or equal": 1 s exactly is in ``le="1.0"``, and
     a time past every bound only in ``+Inf``."""
     metrics = Metrics(table, FakeProxy())
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 1.0, 0.25, 1))
-    metrics.request_done(Outcome("lab", "gpu-a", 200, 7200.0, 0.2500001, 1))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 1.0, 0.25, 1))
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 7200.0, 0.2500001, 1))
     found = samples(metrics.render())
     duration, ttfb = "crossbar_request_duration_seconds", "crossbar_time_to_first_byte_seconds"
     at = {"route": "lab", "host": "gpu-a"}

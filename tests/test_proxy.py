@@ -21,7 +21,6 @@ from twisted.web.resource import Resource
 from crossbar._twisted import client_gone
 from crossbar.config import HostSettings, Limits, RouteConfig
 from crossbar.fleet import HealthTable
-from crossbar.server.access import access_line
 from crossbar.service import Crossbar
 from tests import support
 from tests.support import header
@@ -526,20 +525,3 @@ async def test_a_body_stops_counting_once_its_answer_streams(rig: Rig, reactor: 
     for reader in readers:
         assert reader.transport is not None
         reader.transport.stopProducing()
-
-
-def test_the_access_line_says_what_went_unusually() -> None:
-    """One line per request, in words: what an admin greps the log for."""
-    plain = access_line("lab", "gpu-a", b"POST", b"/v1/chat/completions", 200, 0.8404)
-    assert plain == "lab gpu-a POST /v1/chat/completions 200 840ms"
-    moved = access_line(
-        "lab", "gpu-c", b"POST", b"/v1/chat/completions", 200, 0.01,
-        tried=["gpu-b", "gpu-c"], moved_from="gpu-b", client_left=True,
-    )  # fmt: skip
-    assert moved == (
-        "lab gpu-c POST /v1/chat/completions 200 10ms (client left) (tried gpu-b, gpu-c)"
-        " (moved from gpu-b)"
-    )
-    assert access_line("-", None, None, b"/x\x00", 404, 0, cut_off=True) == (
-        "- - - /x\\x00 404 0ms (answer cut off)"
-    )

@@ -8,13 +8,13 @@ import tracemalloc
 import pytest
 from twisted.internet.task import Clock
 
-from crossbar.fleet import HostRecent, Observers, Outcome, RecentTraffic
+from crossbar.fleet import HostRecent, Observers, RecentTraffic, RequestRecord
 
 T0 = 1_700_000_000.0  # a multiple of 10 s: the first request opens a bucket
 
 
-def done(host: str | None, status: int = 200, first_byte: float | None = 0.5) -> Outcome:
-    return Outcome("lab", host, status, 1.0, first_byte, 0, "m1")
+def done(host: str | None, status: int = 200, first_byte: float | None = 0.5) -> RequestRecord:
+    return RequestRecord("lab", host, status, 1.0, first_byte, 0, "m1")
 
 
 @pytest.fixture
@@ -154,13 +154,13 @@ def test_memory_stays_bounded_whatever_the_traffic() -> None:
 
 
 def test_observers_are_each_told_in_turn(recent: RecentTraffic) -> None:
-    seen: list[tuple[str, Outcome]] = []
+    seen: list[tuple[str, RequestRecord]] = []
 
     class Recorder:
         def __init__(self, name: str) -> None:
             self.name = name
 
-        def request_done(self, outcome: Outcome) -> None:
+        def request_done(self, outcome: RequestRecord) -> None:
             seen.append((self.name, outcome))
 
     outcome = done("gpu-a", 502)
@@ -172,8 +172,8 @@ def test_observers_are_each_told_in_turn(recent: RecentTraffic) -> None:
 # -- cache_affinity routes: turns at their conversation's home ---------------------------------
 
 
-def turn(route: str, affinity: str | None, host: str = "gpu-a") -> Outcome:
-    return Outcome(route, host, 200, 1.0, 0.5, 0, "m1", affinity)  # type: ignore[arg-type]
+def turn(route: str, affinity: str | None, host: str = "gpu-a") -> RequestRecord:
+    return RequestRecord(route, host, 200, 1.0, 0.5, 0, "m1", affinity)  # type: ignore[arg-type]
 
 
 def test_turns_at_home_are_counted_per_affinity_route(clock: Clock) -> None:

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.web.template import flattenString
 
 from crossbar.config import DEMO_SOURCE, Config, HostConfig, RouteConfig
-from crossbar.fleet import HealthTable, HostRecent, HostState, RouteAffinity, choose_for_route
+from crossbar.fleet import Ask, HealthTable, HostRecent, HostState, Policies, RouteAffinity
 from crossbar.pages import render
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.render import About, StatusPage, duration, short_seconds
@@ -51,10 +51,12 @@ def page(
 ) -> str:
     """The page, with each route's choice made as the status app makes it; crossbar
     started at T0 unless ``about`` says otherwise."""
-    choices = {
-        name: choose_for_route(route, route.default_model, states, {}, 0)
-        for name, route in cfg.routes.items()
-    }
+    policies = Policies(cfg.routes)
+    choices = {}
+    for name, route in cfg.routes.items():
+        ask = Ask(route.default_model)
+        choice = policies.of(route).choose(route, ask, states, {}, commit=False)
+        choices[name] = None if choice is None else choice.host
     about = about or About("1.2.3", T0, cfg.source)
     return flatten(
         StatusPage(

@@ -9,13 +9,12 @@ import time
 
 import pytest
 from twisted.internet.testing import StringTransport
-from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.resource import Resource
 
 from crossbar.config import Limits
-from crossbar.server.request import ProxyRequest, log_access
+from crossbar.server.request import ProxyRequest
 from crossbar.server.site import Site
 from crossbar.server.timers import http_date
 from tests import doors
@@ -150,20 +149,3 @@ def test_chunked_bodies_count_as_they_arrive() -> None:
     assert d.site.body_memory == 100
     request.finish()
     assert d.site.body_memory == 50
-
-
-# -- the access line --------------------------------------------------------------------------
-
-
-def test_the_access_event_is_the_one_logger_info_makes() -> None:
-    """Every observer (twistd's file, the JSON log, ``LogCapture``) gets from
-    ``log_access`` the event ``Logger.info`` would have made, to the key."""
-    made: list[dict[str, object]] = []
-    logger = Logger("crossbar.server.exchange", None, made.append)  # type: ignore[arg-type]
-    fields = ("lab", "gpu-a", "m", b"POST", b"/v1/chat/completions", 200, 0.5, 0.1, 9, None)
-    logger.info("{request}", request="lab gpu-a POST /v1/chat/completions 200 500ms", access=fields)
-    log_access(logger, "lab gpu-a POST /v1/chat/completions 200 500ms", fields)
-    by_info, ours = made
-    assert abs(float(ours.pop("log_time")) - float(by_info.pop("log_time"))) < 5  # type: ignore[arg-type]
-    assert ours == by_info
-    assert formatEvent(ours) == "lab gpu-a POST /v1/chat/completions 200 500ms"

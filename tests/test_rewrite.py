@@ -14,7 +14,6 @@ from crossbar.config import Config, HostConfig, Secret
 from crossbar.server import rewrite
 from crossbar.server.rewrite import (
     BadTarget,
-    allowed_path,
     host_keys,
     json_body,
     parse_target,
@@ -93,25 +92,6 @@ def test_route_that_is_not_ascii_is_unknown() -> None:
     with pytest.raises(BadTarget, match="unknown route") as info:
         parse_target(b"/caf\xc3\xa9/v1/models")
     assert info.value.status == 404
-
-
-@pytest.mark.parametrize(
-    ("rest", "ok"),
-    [
-        (b"/v1/chat/completions", True),
-        (b"/v1/models", True),
-        (b"/health", True),
-        (b"/props", True),
-        (b"/v1", False),
-        (b"/slots", False),
-        (b"/metrics", False),
-        (b"/health/x", False),
-        (b"/models/load", False),
-        (b"/", False),
-    ],
-)
-def test_allowed_paths(rest: bytes, ok: bool) -> None:
-    assert allowed_path(rest) is ok
 
 
 # -- json_body --------------------------------------------------------------------------------

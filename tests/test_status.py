@@ -22,7 +22,7 @@ from twisted.internet.task import Clock
 
 from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, Config, HostSettings, RouteConfig, parse_config
-from crossbar.fleet import HealthTable, Outcome, RecentTraffic
+from crossbar.fleet import HealthTable, RecentTraffic, RequestRecord
 from crossbar.pages.app import StatusApp, base_url
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo
@@ -533,8 +533,8 @@ def test_base_url(host: bytes | None, local: Any, url: str) -> None:
 @pytest_twisted.ensureDeferred
 async def test_each_host_shows_its_last_five_minutes(desk: Desk) -> None:
     for status, first_byte in ((200, 0.25), (200, 0.25), (200, 4.0), (502, None)):
-        desk.recent.request_done(Outcome("lab", "gpu-a", status, 5.0, first_byte, 10, "m2"))
-    desk.recent.request_done(Outcome("bee", "gpu-b", 503, 0.1, 0.002, 10, None))
+        desk.recent.request_done(RequestRecord("lab", "gpu-a", status, 5.0, first_byte, 10, "m2"))
+    desk.recent.request_done(RequestRecord("bee", "gpu-b", 503, 0.1, 0.002, 10, None))
 
     doc = json.loads((await desk.get("/status"))[1])
     assert doc["hosts"]["gpu-a"]["recent"] == {
@@ -913,7 +913,7 @@ async def test_a_cache_affinity_route_shows_the_share_of_turns_at_home() -> None
     assert "affinity" not in doc["lab"]
     assert rows[0]["Policy"] == "cache_affinity no conversation in 5 min"
     for outcome in ("new", "home", "home", "home", "moved"):
-        recent.request_done(Outcome("agents", "gpu-a", 200, 1.0, 0.1, 10, "m", outcome))  # type: ignore[arg-type]
+        recent.request_done(RequestRecord("agents", "gpu-a", 200, 1.0, 0.1, 10, "m", outcome))  # type: ignore[arg-type]
     doc, rows = await routes()
     assert doc["agents"]["affinity"]["home_share"] == 0.8
     assert (doc["agents"]["affinity"]["turns"], doc["agents"]["affinity"]["moved"]) == (5, 1)

@@ -1,18 +1,24 @@
 """crossbar.fleet.traffic: requests in flight per host as a request moves between hosts,
-and the record of one proxied request."""
+and the policies' state kept across a reload."""
 
 from __future__ import annotations
 
-import attrs
 import pytest
 
-from crossbar.fleet.traffic import Outcome, Traffic
+from crossbar.fleet.policies import CacheAffinity, RoundRobin
+from crossbar.fleet.traffic import Traffic
+
+
+def round_robin(traffic: Traffic) -> RoundRobin:
+    policy = traffic.policies.named("round_robin")
+    assert isinstance(policy, RoundRobin)
+    return policy
 
 
 def test_counters_start_at_zero_for_every_host_and_route() -> None:
     traffic = Traffic(["gpu-a", "gpu-b"], ["chat", "code"])
     assert traffic.in_flight == {"gpu-a": 0, "gpu-b": 0}
-    assert traffic.turns == {"chat": 0, "code": 0}
+    assert round_robin(traffic).turns == {"chat": 0, "code": 0}
 
 
 def test_a_request_arrives_moves_and_leaves() -> None:
@@ -45,23 +51,6 @@ def test_a_host_not_configured_is_an_error() -> None:
     with pytest.raises(KeyError):
         traffic.move(None, "ghost")
     assert traffic.in_flight == {"gpu-a": 0}
-
-
-def test_outcome_is_frozen() -> None:
-    outcome = Outcome(route="chat", host="gpu-a", status=200, seconds=1.5, first_byte=0.2, sent=42)
-    with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        outcome.status = 500  # type: ignore[misc]
-    assert outcome == Outcome("chat", "gpu-a", 200, 1.5, 0.2, 42)
-    assert attrs.asdict(Outcome("-", None, 499, 0.0, None, 0)) == {
-        "route": "-",
-        "host": None,
-        "status": 499,
-        "seconds": 0.0,
-        "first_byte": None,
-        "sent": 0,
-        "model": None,
-        "affinity": None,
-    }
 
 
 # -- a reload: set_hosts ------------------------------------------------------------------------
@@ -130,14 +119,16 @@ def test_a_leaving_host_configured_again_stays_and_is_never_gone() -> None:
 
 def test_the_routes_turns_follow_a_reload() -> None:
     traffic = Traffic(["gpu-a"], ["chat", "code", "old"])
-    traffic.turns["chat"] = 7
-    traffic.turns["old"] = 3
+    round_robin(traffic).turns["chat"] = 7
+    round_robin(traffic).turns["old"] = 3
     traffic.set_hosts(["gpu-a"], ["chat", "new", "code"], {}, Gone())
-    assert traffic.turns == {"chat": 7, "code": 0, "new": 0}
+    assert round_robin(traffic).turns == {"chat": 7, "code": 0, "new": 0}
 
 
 def test_a_reload_gives_the_hosts_slots_to_the_conversations() -> None:
     traffic = Traffic(["gpu-a", "gpu-b"], ["chat"], {"gpu-a": 2})
     traffic.set_hosts(["gpu-a", "gpu-b"], ["chat"], {"gpu-b": 4}, Gone())
-    assert traffic.conversations.slots == {"gpu-b": 4}
-    assert traffic.conversations.has_room("gpu-a", 0.0)
+    policy = traffic.policies.named("cache_affinity")
+    assert isinstance(policy, CacheAffinity)
+    assert policy.conversations.slots == {"gpu-b": 4}
+    assert policy.conversations.has_room("gpu-a", 0.0)

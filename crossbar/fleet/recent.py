@@ -19,8 +19,8 @@ from itertools import pairwise
 
 import attrs
 
+from crossbar.fleet.record import RequestRecord
 from crossbar.fleet.state import Clock
-from crossbar.fleet.traffic import Outcome
 
 WINDOW_SECONDS = 300
 BUCKET_SECONDS = 10
@@ -97,7 +97,7 @@ class RecentTraffic:
 
     def __init__(self, hosts: Iterable[str], clock: Clock, routes: Iterable[str] = ()) -> None:
         self._clock = clock
-        # Fixed until a reload: an outcome naming any other host (or none) adds nothing.
+        # Fixed until a reload: a record naming any other host (or none) adds nothing.
         self._rings = {name: [_Bucket() for _ in range(BUCKETS)] for name in hosts}
         self._turns = {name: [_Turns() for _ in range(BUCKETS)] for name in routes}
 
@@ -111,11 +111,11 @@ class RecentTraffic:
             name: self._turns.get(name) or [_Turns() for _ in range(BUCKETS)] for name in routes
         }
 
-    def request_done(self, outcome: Outcome) -> None:
+    def request_done(self, record: RequestRecord) -> None:
         """Count one ended request; on every request's path, so nothing here sorts."""
-        if outcome.affinity is not None:
-            self._count_turn(outcome)
-        ring = self._rings.get(outcome.host) if outcome.host is not None else None
+        if record.affinity is not None:
+            self._count_turn(record)
+        ring = self._rings.get(record.host) if record.host is not None else None
         if ring is None:
             return
         tick = int(self._clock.seconds() // BUCKET_SECONDS)
@@ -123,10 +123,10 @@ class RecentTraffic:
         if bucket.tick != tick:
             bucket.reset(tick)
         bucket.requests += 1
-        if outcome.status >= 500:
+        if record.status >= 500:
             bucket.errors += 1
-        if outcome.first_byte is not None:
-            bucket.ttfb[bisect(_EDGES, outcome.first_byte)] += 1
+        if record.first_byte is not None:
+            bucket.ttfb[bisect(_EDGES, record.first_byte)] += 1
 
     def host(self, name: str) -> HostRecent:
         """One host's window as of now; an unknown host did nothing."""
@@ -148,8 +148,8 @@ class RecentTraffic:
         """Every host's window as of now, in the order the hosts were given."""
         return {name: self.host(name) for name in self._rings}
 
-    def _count_turn(self, outcome: Outcome) -> None:
-        ring = self._turns.get(outcome.route)
+    def _count_turn(self, record: RequestRecord) -> None:
+        ring = self._turns.get(record.route)
         if ring is None:
             return
         tick = int(self._clock.seconds() // BUCKET_SECONDS)
@@ -157,7 +157,7 @@ class RecentTraffic:
         if bucket.tick != tick:
             bucket.tick, bucket.turns, bucket.home = tick, 0, 0
         bucket.turns += 1
-        if outcome.affinity != "moved":
+        if record.affinity != "moved":
             bucket.home += 1
 
     def affinity(self, route: str) -> RouteAffinity:

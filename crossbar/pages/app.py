@@ -1,10 +1,11 @@
 """crossbar's own pages under ``/_crossbar/``: status for people and for machines.
 
-A thin Klein app that only reads: the config names hosts and routes, the health
-table says what each host is doing, the traffic counters say how many requests each
-carries, the recent traffic what each did in the last five minutes, and
-:func:`crossbar.fleet.choose_for_route` says where a route sends traffic right now (the
-same rule the proxy applies, so the page cannot disagree with it).
+A thin Klein app: the config names hosts and routes, the health table says what each
+host is doing, the traffic counters say how many requests each carries, the recent
+traffic what each did in the last five minutes, and each route's policy says where it
+sends traffic right now (asked as the proxy asks it, without moving its state, so the
+page cannot disagree with it). It reads all of that; the one thing it changes is the
+config, through ``POST /_crossbar/reload``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from crossbar.fleet import (
     RecentTraffic,
     RouteAffinity,
     Traffic,
-    choose_for_route,
     routes_down,
 )
+from crossbar.fleet.policies import Ask, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo
@@ -108,11 +109,12 @@ class StatusApp:
         """Where a request for each route's default model would go now, or ``None``:
         the proxy's first pick, including ``when_all_down: try_all``."""
         found: dict[str, str | None] = {}
+        traffic = self.traffic
         for name, route in self.config.routes.items():
-            turn = self.traffic.turns.get(name, 0)
-            found[name] = choose_for_route(
-                route, route.default_model, states, self.traffic.in_flight, turn
-            )
+            policy = traffic.policies.of(route)
+            ask = Ask(route.default_model, now=self.clock.seconds())
+            choice = policy.choose(route, ask, states, traffic.in_flight, commit=False)
+            found[name] = None if choice is None else choice.host
         return found
 
     def status_json(self, base: str) -> dict[str, Any]:
@@ -140,7 +142,7 @@ class StatusApp:
     def affinity(self) -> dict[str, RouteAffinity]:
         """Each ``cache_affinity`` route's turns over the recent window."""
         routes = self.config.routes.items()
-        return {n: self.recent.affinity(n) for n, r in routes if r.policy == "cache_affinity"}
+        return {n: self.recent.affinity(n) for n, r in routes if places_conversations(r)}
 
     # -- endpoints -------------------------------------------------------------------------
 

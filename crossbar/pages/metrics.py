@@ -29,13 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from crossbar.config.changes import Reloads
-from crossbar.fleet import HealthTable, Outcome, Traffic
+from crossbar.fleet import HealthTable, RequestRecord, Traffic
+from crossbar.fleet.record import OTHER_MODEL
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-OTHER_MODEL = "other"
-"""The ``model`` label of a request for a model no host knows: labels stay bounded."""
 NO_HOST = "-"
 """The ``host`` label of a request that never reached a host (bad path, no healthy host)."""
 
@@ -257,31 +256,34 @@ class Metrics:
         """Publish the config's reloads, read when scraped."""
         self.registry.register(_ReloadsCollector(reloads))
 
-    def request_done(self, outcome: Outcome) -> None:
-        """Count one ended request (on every request's path: plain numbers, no locks)."""
+    def request_done(self, record: RequestRecord) -> None:
+        """Count one ended request (on every request's path: plain numbers, no locks).
+        One refused at the door is counted by its site (``refused_requests``)."""
+        if record.refused:
+            return
         counts = self._counts
-        route = outcome.route
-        host = NO_HOST if outcome.host is None else outcome.host
-        key = (route, host, outcome.status)
+        route = record.route
+        host = NO_HOST if record.host is None else record.host
+        key = (route, host, record.status)
         codes = counts.codes
         codes[key] = codes.get(key, 0) + 1
         mine = counts.by_host.get((route, host))
         if mine is None:
             mine = counts.by_host[route, host] = _ByHost()
-        seconds = outcome.seconds
+        seconds = record.seconds
         mine.duration[bisect_left(DURATION_BUCKETS, seconds)] += 1
         mine.duration_sum += seconds
-        first_byte = outcome.first_byte
+        first_byte = record.first_byte
         if first_byte is not None:
             mine.first_byte[bisect_left(FIRST_BYTE_BUCKETS, first_byte)] += 1
             mine.first_byte_sum += first_byte
-        mine.sent += outcome.sent
-        if outcome.model is not None:
-            label = outcome.model if self._table.knows(outcome.model) else OTHER_MODEL
+        mine.sent += record.sent
+        if record.model is not None:
+            label = record.model if self._table.knows(record.model) else OTHER_MODEL
             models = counts.models
             models[route, label] = models.get((route, label), 0) + 1
-        if outcome.affinity is not None:
-            placed = (route, host, outcome.affinity)
+        if record.affinity is not None:
+            placed = (route, host, record.affinity)
             counts.affinity[placed] = counts.affinity.get(placed, 0) + 1
 
     def render(self) -> bytes:

@@ -6,10 +6,22 @@ proxy, and Agent's layers cost a third of the CPU per request), streams the upst
 body through a protocol given to ``Response.deliverBody``, lets the client's socket
 pause the upstream socket (backpressure), and closes the upstream connection as soon
 as the client leaves so the GPU stops generating.
+
+It moves through named :class:`Phase` s, only through :meth:`Exchange._enter`::
+
+    CHOOSING -> WAITING -> STREAMING -> ANSWERED | CUT_OFF
+       ^           |
+       +-----------+  (failover: the host failed before any answer)
+
+and from any phase not yet ended to ``ANSWERED`` (an answer made here: an error, a
+merged model list) or ``CLIENT_LEFT``. Every event that comes late (an answer after the
+client left, the body's end after a timeout cut it) finds the exchange ended and does
+nothing.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 from twisted.internet import error
@@ -23,33 +35,25 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
 from crossbar.config import RouteConfig
-from crossbar.fleet import (
-    Outcome,
-    Placement,
-    choose_for_route,
-    merged_listing,
-    place,
-)
-from crossbar.server.access import access_line, access_note
+from crossbar.fleet import Ask, Conversation, Placement, RequestRecord, merged_listing
 from crossbar.server.context import ProxyContext
-from crossbar.server.conversation import Conversation, read_conversation
-from crossbar.server.peek import peek_model, with_model
-from crossbar.server.request import log_access, release_body
+from crossbar.server.peek import with_model
+from crossbar.server.request import release_body
 from crossbar.server.rewrite import (
     BODYLESS,
-    NOT_RETURNED,
     BadTarget,
-    allowed_path,
+    answer_headers,
     json_body,
     parse_target,
     trusted_proxy,
     upstream_headers,
 )
+from crossbar.server.shapes import SHAPES, read_body
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
 from crossbar.upstream import Discard, Response, describe, is_cancellation
 
-__all__ = ["Exchange", "ProxyContext"]
+__all__ = ["Exchange", "Phase", "ProxyContext"]
 
 log = Logger()
 
@@ -58,12 +62,39 @@ _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 """Failures that happen before any answer: the request can be tried on another host."""
 
 
+class Phase(enum.Enum):
+    """Where an exchange stands."""
+
+    CHOOSING = "choosing a host"
+    """Reading the request and choosing a host (again, after a failure before any answer)."""
+    WAITING = "waiting for the host's head"
+    """Sent to a host (connecting included); no status line yet."""
+    STREAMING = "streaming the answer"
+    """The host's status line came; its body is relayed as it arrives."""
+    ANSWERED = "answered"
+    """Ended: the answer was relayed whole, or crossbar answered itself."""
+    CUT_OFF = "cut off"
+    """Ended: the answer had begun and was cut off (host broke off or went quiet)."""
+    CLIENT_LEFT = "client left"
+    """Ended: the client went away (or read nothing for ``idle_timeout``) first."""
+
+
+_ENDED = frozenset({Phase.ANSWERED, Phase.CUT_OFF, Phase.CLIENT_LEFT})
+_NEXT: dict[Phase, frozenset[Phase]] = {
+    Phase.CHOOSING: frozenset({Phase.WAITING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
+    Phase.WAITING: frozenset({Phase.CHOOSING, Phase.STREAMING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
+    Phase.STREAMING: _ENDED,
+}
+"""The moves an exchange may make; an ended one makes none."""
+
+
 class Exchange:
     """One client request, and its upstream request (tried on more hosts if need be)."""
 
     def __init__(self, proxy: ProxyContext, request: server.Request) -> None:
         self.proxy = proxy
         self.request = request
+        self.phase = Phase.CHOOSING
         self.started = proxy.clock.seconds()
         self.route: RouteConfig | None = None
         self.host: str | None = None
@@ -75,11 +106,9 @@ class Exchange:
         """The model the request's body asks for (the route's default filled in), if it
         is a JSON object; a GET of /v1/models asks for none."""
         self.conversation: Conversation | None = None
-        """The conversation, on a ``cache_affinity`` route."""
+        """The conversation, on a route whose policy places by it."""
         self.placement: Placement | None = None
-        """Where ``cache_affinity`` placed the conversation, for the last host tried."""
-        self.client_gone = False
-        self.finished = False
+        """Where the policy placed the conversation, for the last host tried."""
         self.first_byte: float | None = None
         self._url_rest = b""
         self._headers = b""
@@ -91,8 +120,15 @@ class Exchange:
         self._pending: Deferred[Response] | None = None
         self._deadline: IDelayedCall | None = None
         self._body: StreamBody | None = None
-        self._timed_out = False
-        self._cut_off = False
+
+    def _enter(self, phase: Phase) -> None:
+        """The one place the exchange moves on; a move not in :data:`_NEXT` is a bug."""
+        assert phase in _NEXT.get(self.phase, ()), f"{self.phase} -> {phase}"
+        self.phase = phase
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in _ENDED
 
     def start(self) -> None:
         self.request.notifyFinish().addBoth(self._ended)
@@ -104,6 +140,8 @@ class Exchange:
         except Exception:
             log.failure("crossbar: unexpected error handling a request")
             self.fail(500, "internal error")
+
+    # -- choosing ------------------------------------------------------------------------------
 
     def _prepare(self) -> bool:
         """Rules that need no upstream: route, path, body limit, model. False when the
@@ -117,29 +155,32 @@ class Exchange:
             raise BadTarget(404, "unknown route")
         self.route = route
         self.path = target.rest
-        if not allowed_path(target.rest):
+        shape = SHAPES.get(target.rest)
+        if shape is None:
             raise BadTarget(404, "not found")
         if route.list_models == "merged" and target.rest == b"/v1/models":
             listing = merged_listing(route, self.proxy.table.view, int(self.started))
             if listing is None:
                 raise BadTarget(503, "no healthy host")
-            self._answer(200, listing)
+            self._enter(Phase.ANSWERED)
+            self._send_json(200, listing)
             return False
 
         body = request.content.getvalue() if request.content is not None else b""
-        self.model = route.default_model
+        self.model = default = route.default_model
         if body and request.method not in (b"GET", b"HEAD"):
-            peek = peek_model(body)
+            places = self.proxy.traffic.policies.of(route).reads_conversations
+            facts = read_body(shape, body, default, places and request.method == b"POST")
+            peek = facts.peek
             if peek.model is not None:
                 self.model = self.asked = peek.model
-            elif peek.missing and route.default_model is not None:
-                body = with_model(body, route.default_model)
-                self.asked = route.default_model
+            elif peek.missing and default is not None:
+                body = with_model(body, default)
+                self.asked = default
                 release_body(request, keep_reserved=True)  # the copy is the one kept
+            self.conversation = facts.conversation
         if body or request.method not in BODYLESS:
             self._forward_body = body
-        if route.policy == "cache_affinity" and body and request.method == b"POST":
-            self.conversation = read_conversation(target.rest, body, self.model)
         self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
         client = getattr(request.getClientAddress(), "host", None) or "unknown"
         proxies = self.proxy.config.trusted_proxies
@@ -153,35 +194,13 @@ class Exchange:
             self._credentials = credentials
         return True
 
-    def _next_host(self) -> str | None:
-        route = self.route
-        assert route is not None
-        traffic = self.proxy.traffic
-        conversation = self.conversation
-        if conversation is not None:
-            view, now = self.proxy.table.view, self.proxy.clock.seconds()
-            placed = place(
-                route, self.model, view, traffic.in_flight, traffic.conversations,
-                conversation.key, now, self.tried, conversation.turn,
-            )  # fmt: skip
-            self.placement = placed
-            if placed is not None:
-                return placed.host
-        host = choose_for_route(
-            route,
-            self.model,
-            self.proxy.table.view,
-            traffic.in_flight,
-            traffic.turns.get(route.name, 0),  # a route reloaded away: no turns
-            exclude=self.tried,
-        )
-        if host is not None and not self.tried and route.policy == "round_robin":
-            traffic.turns[route.name] += 1
-        return host
-
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
-        host = self._next_host()
-        if host is None:
+        route, proxy = self.route, self.proxy
+        assert route is not None
+        ask = Ask(self.model, self.conversation, self.tried, proxy.clock.seconds())
+        policy = proxy.traffic.policies.of(route)
+        choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
+        if choice is None:
             if last_error is None:
                 raise BadTarget(503, "no healthy host")
             assert self.host is not None
@@ -190,18 +209,20 @@ class Exchange:
             else:
                 self.fail(502, "upstream failed", host=self.host)
             return
+        host = choice.host
+        self.placement = choice.placement
         if last_error is not None:
             log.warn(
                 "route {route}: {failed} failed before answering ({why}); trying {host}",
-                route=self.route.name if self.route else "-",
+                route=route.name,
                 failed=self.host,
                 why=last_error,
                 host=host,
             )
+        self._enter(Phase.WAITING)
         self.host = host
         self.tried.append(host)
         self._count(host)
-        proxy = self.proxy
         method = self.request.method
         assert method is not None
         self._attempt_started = proxy.clock.seconds()
@@ -218,6 +239,8 @@ class Exchange:
         self.proxy.traffic.move(self._counted, host)
         self._counted = host
 
+    # -- waiting for the head --------------------------------------------------------------
+
     def _got_response(self, response: Response) -> None:
         self._pending = None
         self._stop_deadline()
@@ -230,32 +253,26 @@ class Exchange:
         request = self.request
         self._forward_body = None  # the host has it, and no other host will be tried
         release_body(request)
-        if self.client_gone:
+        if self.ended:
             response.deliverBody(Discard())
             return
+        self._enter(Phase.STREAMING)
         request.setResponseCode(response.code, response.phrase)
-        out = request.responseHeaders
-        out.removeHeader(b"server")
-        seen = set()
-        for name, value in response.headers:
-            lower = name.lower()
-            if lower in NOT_RETURNED:
-                continue
-            if lower in seen:
-                out.addRawHeader(name, value)
-            else:  # replaces twisted.web's defaults (Content-Type, Date)
-                seen.add(lower)
-                out.setRawHeaders(name, [value])
-        if isinstance(response.length, int):
-            out.setRawHeaders(b"content-length", [b"%d" % response.length])
-        out.setRawHeaders(b"x-crossbar-host", [host.encode()])
-        idle = proxy.settings[host].idle_timeout
-        body = StreamBody(request, proxy.clock, idle, self.upstream_idle, self.upstream_ended)
+        answer_headers(request.responseHeaders, response.headers, response.length, host)
+        settings = proxy.settings[host]
+        body = StreamBody(
+            request,
+            proxy.clock,
+            settings.idle_timeout,
+            self.upstream_idle,
+            self.upstream_ended,
+            self.client_stalled,
+        )
         self._body = body
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
         # complete); registering a producer then would raise, and no idle timer is needed.
-        if not self.finished and not self.client_gone:
+        if self.phase is Phase.STREAMING:
             body.arm()
             request.registerProducer(body, True)
 
@@ -280,7 +297,7 @@ class Exchange:
     def _upstream_failed(self, reason: Failure) -> None:
         self._pending = None
         self._stop_deadline()
-        if self.client_gone or is_cancellation(reason):
+        if self.phase is not Phase.WAITING or is_cancellation(reason):
             return
         host = self.host
         assert host is not None
@@ -289,39 +306,54 @@ class Exchange:
             why = f"cannot connect: timed out after {self.proxy.settings[host].connect_timeout:g}s"
         else:
             why = describe(reason)
-        table = self.proxy.table
-        table.request_failed(host, why)
+        self.proxy.table.request_failed(host, why)
         if reason.check(*_RETRYABLE):
+            self._enter(Phase.CHOOSING)
             self._try_next(why, timed_out=timed_out)
             return
         log.warn("host {host} failed before answering: {why}", host=host, why=why)
         self.fail(502, "upstream failed", host=host)
+
+    # -- streaming -------------------------------------------------------------------------
 
     def upstream_idle(self) -> None:
         """No body chunk came for ``idle_timeout``: give up on this host."""
         host = self.host
         assert host is not None and self._body is not None
         timeout = self.proxy.settings[host].idle_timeout
-        self._timed_out = True
         self.proxy.table.request_failed(host, f"answer idle for {timeout:g}s")
         log.warn("host {host} went quiet for {t:g}s mid-answer", host=host, t=timeout)
-        self._body.stopProducing()
         if self.request.startedWriting:
-            self.finished = self._cut_off = True
-            self._abort_client()
-        else:
-            self.request.unregisterProducer()
-            self.fail(504, "upstream timeout", host=host)
+            self._cut_off()
+            return
+        self._enter(Phase.ANSWERED)  # before the body's end, which then changes nothing
+        self._body.stopProducing()
+        self.request.unregisterProducer()
+        self._send_json(504, {"error": "upstream timeout", "host": host})
+
+    def client_stalled(self) -> None:
+        """The client read nothing of its answer for ``idle_timeout``: it holds a host's
+        connection (and maybe a GPU slot) for nothing. Both sides end, as if it left."""
+        host = self.host
+        timeout = self.proxy.settings[host].idle_timeout if host is not None else 0
+        log.warn(
+            "a client read nothing for {t:g}s of its answer from {host}: both ended",
+            t=timeout,
+            host=host,
+        )
+        self._enter(Phase.CLIENT_LEFT)
+        if self._body is not None:
+            self._body.stopProducing()
+        self._abort_client()
 
     def upstream_ended(self, reason: Failure) -> None:
         """The upstream body ended: cleanly, broken, or because we stopped it."""
-        if self.client_gone or self._timed_out:
+        if self.phase is not Phase.STREAMING:
             return
         request = self.request
-        if self._body is not None:
-            request.unregisterProducer()
+        request.unregisterProducer()
         if reason.check(ResponseDone, PotentialDataLoss):
-            self.finished = True
+            self._enter(Phase.ANSWERED)
             request.finish()
             return
         assert self.host is not None
@@ -329,14 +361,21 @@ class Exchange:
         self.proxy.table.request_failed(self.host, f"answer broken: {why}")
         log.warn("host {host} broke an answer off: {why}", host=self.host, why=why)
         # An SSE client must see an error, not a stream that merely looks complete.
-        self.finished = self._cut_off = True
+        self._cut_off()
+
+    def _cut_off(self) -> None:
+        """End an answer that has begun: the client's connection is aborted, so that it
+        cannot take what it got for a whole answer."""
+        self._enter(Phase.CUT_OFF)
+        if self._body is not None:
+            self._body.stopProducing()
         self._abort_client()
 
     def _crashed(self, reason: Failure) -> None:
         log.failure("crossbar: unexpected error while proxying", reason)
-        if not self.finished and not self.client_gone:
+        if not self.ended:
             if self.request.startedWriting:
-                self._abort_client()
+                self._cut_off()
             else:
                 self.fail(500, "internal error")
 
@@ -344,15 +383,17 @@ class Exchange:
         transport: Any = self.request.transport
         transport.abortConnection()
 
-    def fail(self, status: int, message: str, **extra: str) -> None:
-        """Answer with a JSON error."""
-        self._answer(status, {"error": message, **extra})
+    # -- answers made here, and the end ------------------------------------------------
 
-    def _answer(self, status: int, payload: dict[str, Any]) -> None:
-        """Answer with JSON made here, not by a host."""
-        if self.finished or self.client_gone:
+    def fail(self, status: int, message: str, **extra: str) -> None:
+        """Answer with a JSON error, unless the exchange has ended already."""
+        if self.ended:
             return
-        self.finished = True
+        self._enter(Phase.ANSWERED)
+        self._send_json(status, {"error": message, **extra})
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        """Answer with JSON made here, not by a host."""
         body = json_body(payload)
         request = self.request
         request.setResponseCode(status)
@@ -366,30 +407,33 @@ class Exchange:
 
     def _ended(self, result: object) -> None:
         """The client's side is over: the answer was sent, or the client left."""
-        left = isinstance(result, Failure) and not self._cut_off
-        if left:
-            self.client_gone = True
+        if not self.ended:  # the client left first
+            self._enter(Phase.CLIENT_LEFT)
             if self._pending is not None:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
         self._count(None)
-        seconds = self.proxy.clock.seconds() - self.started
-        answered = self.finished or self.request.startedWriting
-        # A client that left before the end of its answer did not get it, whatever began.
-        status = 499 if self.client_gone or not answered else self.request.code
-        route = self.route.name if self.route is not None else "-"
-        sent = self._body.sent if self._body is not None else 0
+        self.proxy.observer.request_done(self.record())
+
+    def record(self) -> RequestRecord:
+        """The exchange as it ended, for its observers."""
         placed = self.placement
-        affinity = None if placed is None else placed.outcome
-        self.proxy.observer.request_done(
-            Outcome(route, self.host, status, seconds, self.first_byte, sent, self.asked, affinity)
+        left = self.phase is Phase.CLIENT_LEFT
+        return RequestRecord(
+            route=self.route.name if self.route is not None else "-",
+            host=self.host,
+            # A client that left before the end of its answer did not get it, whatever began.
+            status=499 if left else self.request.code,
+            seconds=self.proxy.clock.seconds() - self.started,
+            first_byte=self.first_byte,
+            sent=self._body.sent if self._body is not None else 0,
+            model=self.asked,
+            affinity=None if placed is None else placed.outcome,
+            method=self.request.method,
+            path=self.path,
+            tried=tuple(self.tried),
+            cut_off=self.phase is Phase.CUT_OFF,
+            client_left=left,
+            moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,
         )
-        moved_from = placed.home if placed is not None and placed.outcome == "moved" else None
-        note = access_note(self._cut_off, left, self.tried, moved_from)
-        method = self.request.method
-        line = access_line(route, self.host, method, self.path, status, seconds, note=note)
-        # The fields again for log_format: json (crossbar.logformat), never a body or key.
-        fields = (route, self.host, self.asked, method, self.path, status, seconds,
-                  self.first_byte, sent, note)  # fmt: skip
-        log_access(log, line, fields)

@@ -55,20 +55,33 @@ _MISSING = Peek(model=None, missing=True)
 
 def peek_model(body: bytes) -> Peek:
     """The top-level ``"model"`` of a JSON body; anything else is "no model", never raised."""
-    view = memoryview(body)
-    if body.startswith(_BOM):
-        view = view[len(_BOM) :]
     try:
-        top = _DECODER.decode(view)
+        top = _DECODER.decode(json_view(body))
     except (msgspec.MsgspecError, RecursionError):
         return _NOTHING
-    if top.model is msgspec.UNSET:
+    return model_of(top.model)
+
+
+def json_view(body: bytes) -> memoryview:
+    """The body as a JSON decoder should read it: past a UTF-8 byte order mark, as
+    llama-server skips one."""
+    view = memoryview(body)
+    return view[len(_BOM) :] if body.startswith(_BOM) else view
+
+
+def model_of(raw: msgspec.Raw | msgspec.UnsetType) -> Peek:
+    """What a decoded object's ``"model"`` (its JSON text, if it has the key) says."""
+    if raw is msgspec.UNSET:
         return _MISSING
     try:  # fails at the first byte of a null, a number, an array...: not a name
-        model = msgspec.json.decode(top.model, type=str)
+        model = msgspec.json.decode(raw, type=str)
     except msgspec.MsgspecError:
         return _NOTHING
     return Peek(model=model or None, missing=False)
+
+
+NOTHING = _NOTHING
+"""A body that is not a JSON object (or not one that can be read): no model, none missing."""
 
 
 def with_model(body: bytes, model: str) -> bytes:

@@ -14,7 +14,7 @@ from crossbar.server.exchange import Exchange, ProxyContext
 class RootResource(Resource):
     """Everything is proxied except the children put on it (``/_crossbar/``)."""
 
-    def __init__(self, proxy: ProxyResource) -> None:
+    def __init__(self, proxy: IResource) -> None:
         super().__init__()
         self._proxy = proxy
 

@@ -1,7 +1,7 @@
 """Pure rules of the proxy's request and answer: which route a path names, which
 headers cross to the host and back. No I/O here, so every rule is cheap to test
-(:mod:`crossbar.server.peek` says which model a body asks for, and
-:mod:`crossbar.fleet.choice` which host)."""
+(:mod:`crossbar.server.shapes` says which paths are forwarded and what their bodies ask
+for, and :mod:`crossbar.fleet.policies` which host)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
 from crossbar.config import Config, Network
 
 _VISIBLE = re.compile(rb"[\x21-\x7e]*")
-ALLOWED_EXACT = frozenset({b"/health", b"/props"})
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -41,6 +40,10 @@ _NOT_FORWARDED = HOP_BY_HOP | {
     b"x-forwarded-host",
     b"forwarded",
     b"x-real-ip",
+    # llama-server keys its resumable stream sessions by it: as the client sent it, one
+    # key holder could replay or end another's answer, and a client that left would
+    # keep its GPU generating.
+    b"x-conversation-id",
 }
 CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 """The headers a client's key travels in."""
@@ -80,9 +83,34 @@ def parse_target(uri: bytes) -> RoutePath:
     return RoutePath(route=name, rest=b"/" + rest if slash else b"/", query=query)
 
 
-def allowed_path(rest: bytes) -> bool:
-    """Only the OpenAI API and llama-server's harmless ``/health`` and ``/props``."""
-    return rest.startswith(b"/v1/") or rest in ALLOWED_EXACT
+class _Headers(Protocol):
+    """The answer's headers, as twisted.web's ``Headers`` has them."""
+
+    def removeHeader(self, name: bytes) -> None: ...
+    def setRawHeaders(self, name: bytes, values: Sequence[bytes]) -> None: ...
+    def addRawHeader(self, name: bytes, value: bytes) -> None: ...
+
+
+def answer_headers(
+    out: _Headers, headers: Iterable[tuple[bytes, bytes]], length: int | None, host: str
+) -> None:
+    """The host's answer headers as the client gets them: hop-by-hop ones dropped, the
+    host's own replacing twisted.web's defaults (``Content-Type``, ``Date``), its
+    ``Content-Length`` when it sent one, and which host answered."""
+    out.removeHeader(b"server")
+    seen = set()
+    for name, value in headers:
+        lower = name.lower()
+        if lower in NOT_RETURNED:
+            continue
+        if lower in seen:
+            out.addRawHeader(name, value)
+        else:
+            seen.add(lower)
+            out.setRawHeaders(name, [value])
+    if length is not None:
+        out.setRawHeaders(b"content-length", [b"%d" % length])
+    out.setRawHeaders(b"x-crossbar-host", [host.encode()])
 
 
 def _one_line(value: bytes) -> bytes:

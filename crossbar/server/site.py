@@ -25,11 +25,12 @@ from crossbar._twisted import (
     write_now,
 )
 from crossbar.config import Limits
+from crossbar.fleet import ProxyObserver, RequestRecord
 from crossbar.server import door
+from crossbar.server.accesslog import AccessLog
 from crossbar.server.door import FOLD_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
-from crossbar.server.request import ProxyRequest, log_access
-from crossbar.server.rewrite import printable
+from crossbar.server.request import ProxyRequest
 from crossbar.server.timers import stop
 
 LINGER = 5.0
@@ -153,9 +154,9 @@ class Channel(ParserRefusals):
             transport.loseConnection()
         self._linger = self.callLater(LINGER, transport.abortConnection)
         path = target.partition(b"?")[0]
-        line = f"- - {printable(method, 16)} {printable(path, 200)} {refusal.status} 0ms"
-        fields = ("-", None, None, method, path, refusal.status, 0.0, None, 0, "")
-        log_access(log, line, fields)
+        status = refusal.status
+        record = RequestRecord("-", None, status, 0.0, method=method, path=path, refused=True)
+        self.site.observer.request_done(record)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._stop_deadline()
@@ -203,6 +204,8 @@ class Site(server.Site):
     ``limits`` caps what clients may hold of it: open connections (past the cap a new
     one is closed at once), one body's size, the bodies held at once, the time a body
     may take. ``guard`` says who may come in, from a request's path and headers.
+    ``observer`` is told of each request refused at the door (by default, the access
+    log alone).
     """
 
     requestFactory = ProxyRequest
@@ -217,10 +220,12 @@ class Site(server.Site):
         *,
         limits: Limits = DEFAULT_LIMITS,
         guard: Guard | None = None,
+        observer: ProxyObserver | None = None,
         **kwargs: Any,
     ):
         super().__init__(resource, **kwargs)
         self.proxy = proxy
+        self.observer: ProxyObserver = observer or AccessLog()
         self.limits = limits
         self.guard = guard
         self.draining = False

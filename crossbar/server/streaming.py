@@ -23,7 +23,8 @@ class StreamBody(protocol.Protocol):
     It is given to ``Response.deliverBody`` and registered as the request's producer,
     so a slow client pauses the upstream socket; a pause does not count as the host
     being idle. ``idle_timeout`` without a chunk calls ``on_idle``; the body's end,
-    clean or not, goes to ``on_end``.
+    clean or not, goes to ``on_end``. A pause as long as ``idle_timeout`` (a client that
+    reads nothing, holding a host's connection and maybe its GPU) calls ``on_stall``.
     """
 
     def __init__(
@@ -33,6 +34,7 @@ class StreamBody(protocol.Protocol):
         idle_timeout: float,
         on_idle: Callable[[], None],
         on_end: Callable[[Failure], None],
+        on_stall: Callable[[], None],
     ) -> None:
         self.sent = 0
         """Bytes of body relayed to the client."""
@@ -41,7 +43,9 @@ class StreamBody(protocol.Protocol):
         self._idle_timeout = idle_timeout
         self._on_idle = on_idle
         self._on_end = on_end
+        self._on_stall = on_stall
         self._timer: IDelayedCall | None = None
+        self._stall: IDelayedCall | None = None
 
     def dataReceived(self, data: bytes) -> None:
         if self._timer is not None:
@@ -54,10 +58,15 @@ class StreamBody(protocol.Protocol):
         self._on_end(reason)
 
     def pauseProducing(self) -> None:
-        self._disarm()
+        stop(self._timer)
+        self._timer = None
+        if self._stall is None:
+            self._stall = self._clock.callLater(self._idle_timeout, self._stalled)
         IPushProducer(self.transport).pauseProducing()
 
     def resumeProducing(self) -> None:
+        stop(self._stall)
+        self._stall = None
         self.arm()
         IPushProducer(self.transport).resumeProducing()
 
@@ -73,3 +82,9 @@ class StreamBody(protocol.Protocol):
     def _disarm(self) -> None:
         stop(self._timer)
         self._timer = None
+        stop(self._stall)
+        self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        self._on_stall()

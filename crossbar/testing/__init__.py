@@ -1,11 +1,13 @@
 """Test doubles for crossbar and for programs that use it, published the way
 ``treq.testing`` is: a simulated ``llama-server`` that answers as a real one does and can be
-told to misbehave, and a crossbar running in-process in front of such hosts.
+told to misbehave, a crossbar running in-process in front of such hosts, and crossbar's
+proxy in memory against hosts the test plays byte by byte (:class:`MemoryProxy`).
 
 Importing this package installs no reactor: the helpers use the global one when called.
 """
 
 from crossbar.testing.logs import LogCapture
+from crossbar.testing.memory import ClientLine, HostLine, MemoryProxy
 from crossbar.testing.reader import Reader, broken
 from crossbar.testing.rig import (
     FAST,
@@ -32,8 +34,11 @@ __all__ = [
     "BUILD_INFO",
     "FAST",
     "CacheState",
+    "ClientLine",
     "Fault",
+    "HostLine",
     "LogCapture",
+    "MemoryProxy",
     "Prefill",
     "Reader",
     "RecordedRequest",

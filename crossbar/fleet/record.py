@@ -1,0 +1,84 @@
+"""One request as it ended, proxied or refused at the door: the one record its observers
+(the metrics, the recent window, the access log) read, each the fields it needs, by name.
+
+Adding what a request tells (a field of the JSON log, a metric) is a field here and the
+observer that reads it; nothing is passed by position or parsed back out of text.
+Pure values, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from crossbar.fleet.affinity import AffinityOutcome
+
+OTHER_MODEL = "other"
+"""How a model no host lists is shown in metrics and the JSON log: a client may write any
+name, of any length, and must not choose what the labels and log lines hold."""
+
+
+@attrs.frozen
+class RequestRecord:
+    """One request, as it ended."""
+
+    route: str
+    """The route's name, or ``-`` when the path named none that exists."""
+    host: str | None
+    """The last host tried; ``None`` when no host was (bad path, no healthy host)."""
+    status: int
+    """The status sent to the client; 499 when the client left before the end of its answer."""
+    seconds: float
+    first_byte: float | None = None
+    """Seconds until the host's status line, if one came."""
+    sent: int = 0
+    """Bytes of the host's answer body relayed to the client."""
+    model: str | None = None
+    """The model the request's body asked for (or the route's default filled into it);
+    ``None`` for a request that asks for no model. As the client wrote it: observers
+    that show it check it against the models hosts list."""
+    affinity: AffinityOutcome | None = None
+    """How ``cache_affinity`` placed the request's conversation; ``None`` for a request
+    with no conversation or on a route of another policy."""
+    method: bytes | None = None
+    """As the client sent it (unchecked bytes: observers that show it make it printable)."""
+    path: bytes = b"-"
+    """The route's part of the path once a route is known, else the path as asked."""
+    tried: tuple[str, ...] = ()
+    """Every host tried, in order (more than one: a failover)."""
+    cut_off: bool = False
+    """The answer had begun and was cut off (the host broke it off, or went quiet)."""
+    client_left: bool = False
+    """The client went away before the end of its answer."""
+    moved_from: str | None = None
+    """The home host a ``cache_affinity`` conversation was moved away from."""
+    refused: bool = False
+    """Refused from its head at the door: never reached the proxy (counted by the site)."""
+
+    def notes(self) -> Sequence[str]:
+        """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""
+        notes = ["answer cut off"] if self.cut_off else ["client left"] if self.client_left else []
+        if len(self.tried) > 1:
+            notes.append(f"tried {', '.join(self.tried)}")
+        if self.moved_from is not None:
+            notes.append(f"moved from {self.moved_from}")
+        return notes
+
+
+class ProxyObserver(Protocol):
+    """Told of every request as it ends (the metrics, the recent window, the access log)."""
+
+    def request_done(self, record: RequestRecord) -> None: ...
+
+
+class Observers:
+    """Several observers behind one, each told in turn."""
+
+    def __init__(self, *observers: ProxyObserver) -> None:
+        self._calls = tuple(observer.request_done for observer in observers)
+
+    def request_done(self, record: RequestRecord) -> None:
+        for call in self._calls:
+            call(record)

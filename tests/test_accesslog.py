@@ -1,0 +1,54 @@
+"""crossbar.server.accesslog and crossbar.server.access: one line per request, from its
+record, and the record itself in the event for the JSON log."""
+
+from __future__ import annotations
+
+from twisted.logger import Logger, formatEvent
+
+from crossbar.fleet import RequestRecord
+from crossbar.server.access import access_line
+from crossbar.server.accesslog import AccessLog
+
+RECORD = RequestRecord(
+    "lab", "gpu-a", 200, 0.5, 0.1, 9, "m", method=b"POST", path=b"/v1/chat/completions"
+)
+
+
+def test_the_access_event_is_the_one_logger_info_makes() -> None:
+    """Every observer (twistd's file, the JSON log, ``LogCapture``) gets from the access
+    log the event ``Logger.info`` would have made, to the key."""
+    made: list[dict[str, object]] = []
+    logger = Logger("crossbar.access", None, made.append)  # type: ignore[arg-type]
+    line = "lab gpu-a POST /v1/chat/completions 200 500ms"
+    logger.info("{request}", request=line, access=RECORD, access_model="m")
+    AccessLog(lambda model: model == "m", logger).request_done(RECORD)
+    by_info, ours = made
+    assert abs(float(ours.pop("log_time")) - float(by_info.pop("log_time"))) < 5  # type: ignore[arg-type]
+    assert ours == by_info
+    assert formatEvent(ours) == line
+
+
+def test_a_model_no_host_lists_is_logged_as_other() -> None:
+    """A client writes what it likes into ``model``: 15 MiB of it must not become a log line."""
+    made: list[dict[str, object]] = []
+    logger = Logger("crossbar.access", None, made.append)  # type: ignore[arg-type]
+    log = AccessLog(lambda model: model == "m", logger)
+    log.request_done(RequestRecord("lab", "gpu-a", 200, 0.5, model="x" * 1_000_000))
+    log.request_done(RequestRecord("lab", "gpu-a", 200, 0.5, model="m"))
+    log.request_done(RequestRecord("lab", "gpu-a", 200, 0.5))
+    assert [event["access_model"] for event in made] == ["other", "m", None]
+
+
+def test_the_access_line_says_what_went_unusually() -> None:
+    plain = access_line(RECORD)
+    assert plain == "lab gpu-a POST /v1/chat/completions 200 500ms"
+    moved = RequestRecord(
+        "lab", "gpu-b", 200, 0.8404, method=b"POST", path=b"/v1/chat/completions",
+        tried=("gpu-a", "gpu-b"), client_left=True, moved_from="gpu-a",
+    )  # fmt: skip
+    assert access_line(moved) == (
+        "lab gpu-b POST /v1/chat/completions 200 840ms"
+        " (client left) (tried gpu-a, gpu-b) (moved from gpu-a)"
+    )
+    odd = RequestRecord("-", None, 404, 0, path=b"/x\x00", cut_off=True, client_left=True)
+    assert access_line(odd) == "- - - /x\\x00 404 0ms (answer cut off)"
