@@ -7,8 +7,9 @@ each use below against the new release's source.
 
 - ``tcp.Connection._tempDataLen``, ``._writeDisconnected``, ``._aborting``: whether a
   socket has nothing queued and is still open for writing (:func:`write_now`);
-- ``HTTPChannel._command``, ``._path``: the request line of a request refused before
-  twisted.web made a ``Request`` of it (for its log line);
+- ``HTTPChannel._command``, ``._path``, ``._version``: the request line of a request
+  refused before twisted.web made a ``Request`` of it (for its log line), and its HTTP
+  version (the door's hygiene rules);
 - ``HTTPChannel._handlingRequest``: whether a request is being answered (the header
   deadline starts only between requests);
 - ``HTTPChannel._respondToBadRequestAndDisconnect``: where twisted.web's parser refuses a

@@ -230,3 +230,79 @@ def test_a_15_mib_body_stalls_no_one_and_costs_less_than_twice_its_size(tmp_path
         for server in servers:
             server.shutdown()
     assert "Traceback" not in crossbar.output(), crossbar.output()[-3000:]
+
+
+AFFINITY_CONFIG = """\
+hosts:
+  gpu-b: {b}
+routes:
+  lab:
+    hosts: [gpu-b]
+    policy: cache_affinity
+"""
+HOSTILE = (
+    b'{"model":"tiny-b","messages":[{"role":"system","content":['
+    + b"{}," * 5_000_000
+    + b'{}]},{"role":"user","content":"hi"}]}'
+)
+"""A chat body whose system content is a list of five million ``{}``: a conversation key
+that decoded it would build them all (7.6 s and 1.9 GB, before the key had a budget)."""
+
+
+class Livez(threading.Thread):
+    """Asks ``/_crossbar/livez`` back to back, timing each answer."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.slowest = 0.0
+        self.answers = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            started = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            conn.request("GET", "/_crossbar/livez")
+            conn.getresponse().read()
+            conn.close()
+            self.slowest = max(self.slowest, time.monotonic() - started)
+            self.answers += 1
+            time.sleep(0.01)
+
+
+def test_a_body_built_to_stall_the_conversation_key_stalls_nothing(tmp_path: Path) -> None:
+    assert 14 * MiB < len(HOSTILE) < 16 * MiB
+    server = serve_plain(PlainHost)
+    crossbar: Daemon | None = None
+    livez: Livez | None = None
+    try:
+        crossbar = start_daemon(tmp_path, AFFINITY_CONFIG.format(b=server.url))
+        pid, port = crossbar.proc.pid, crossbar.port
+        assert crossbar.wait(lambda: '"healthy": true' in status(crossbar, "gpu-b"), 20)
+        before = memory(pid)["VmRSS"] * 1024
+        reset_peak(pid)
+        livez = Livez(port)
+        livez.start()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", CHAT, HOSTILE, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        time.sleep(0.1)
+        livez.halt.set()
+        livez.join(15)
+        grew = memory(pid)["VmHWM"] * 1024 - before
+        print(
+            f"\nhostile body: {response.status}; livez answered {livez.answers} times, the"
+            f" slowest in {livez.slowest * 1e3:.0f} ms; crossbar's RSS grew {grew / MiB:.0f} MiB"
+        )
+        assert response.status == 200  # forwarded, with no conversation: not refused
+        assert livez.answers > 0 and livez.slowest < 0.5
+        assert grew < 300 * MiB
+    finally:
+        if livez is not None:
+            livez.halt.set()
+        if crossbar is not None:
+            crossbar.stop()
+        server.shutdown()

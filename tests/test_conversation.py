@@ -255,3 +255,34 @@ def test_the_turn_counts_the_answers_the_client_sent_back() -> None:
 def test_a_completion_has_no_turn() -> None:
     found = read({"prompt": "def main():"}, COMPLETIONS)
     assert found is not None and found.turn is None
+
+
+# -- the budget: a body is anyone's, and the key is made on the reactor ------------------------
+
+
+def test_a_start_past_the_budget_has_no_conversation() -> None:
+    from crossbar.server import conversation as c
+
+    user = {"role": "user", "content": "hi"}
+    system = {"role": "system", "content": "s"}
+    assert key({"messages": [system] * (c.MAX_START - 1) + [user]}) is not None
+    assert key({"messages": [system] * c.MAX_START + [user]}) is None
+    long = {"role": "system", "content": "x" * c.MAX_CONTENT}  # its JSON: 2 bytes more
+    assert key({"messages": [long, user]}) is None
+    fits = {"role": "system", "content": "x" * (c.MAX_CONTENT - 2)}
+    assert key({"messages": [fits, user]}) is not None
+    parts = [{"type": "text", "text": "p"}]
+    assert key({"messages": [{"role": "system", "content": parts * c.MAX_PARTS}, user]})
+    assert (
+        key({"messages": [{"role": "system", "content": parts * (c.MAX_PARTS + 1)}, user]}) is None
+    )
+
+
+def test_a_flood_of_objects_in_the_messages_is_no_conversation_whatever_follows() -> None:
+    from crossbar.server import conversation as c
+
+    flood = b'{"messages":[' + b"{}," * (c.MAX_OBJECTS + 1) + b'{"role":"user","content":"hi"}]}'
+    assert key(flood) is None
+    # the count is of objects, not of bytes: a long conversation of few messages is read
+    answer = {"role": "assistant", "content": "y" * (2 * c.MAX_OBJECTS)}
+    assert key({"messages": [{"role": "user", "content": "hi"}, answer]}) is not None

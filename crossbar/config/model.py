@@ -131,10 +131,10 @@ class Config:
     defaults: HostSettings = HostSettings()
     source: str = "crossbar.yaml"
     workers: int = 1
+    """Processes sharing the listening port (each with its own health table)."""
     listen_reuse_port: bool = False
     """Bind ``listen`` (and ``status_listen``) with ``SO_REUSEPORT``, so that a new crossbar
     can open the same port while this one drains (an upgrade with no refused connection)."""
-    """Processes sharing the listening port (each with its own health table)."""
     limits: Limits = Limits()
     status_keys: tuple[Secret, ...] = ()
     """Keys for ``/_crossbar/`` (all but ``livez`` and ``readyz``); empty: open."""

@@ -63,7 +63,11 @@ class HostState:
 
 
 class HealthTable:
-    """Per-host state, changed only through :meth:`record_ok` and :meth:`record_failure`."""
+    """Per-host state: what the polls said (:meth:`record_ok`, :meth:`record_failure`),
+    what requests said (:meth:`request_failed`, :meth:`judge_answer`, :meth:`request_ok`,
+    :meth:`mark_down`), and a reload's hosts (:meth:`set_hosts`, :meth:`remove`). A host
+    going up or down by a poll or a request is told to the listeners (:meth:`on_change`);
+    a reload tells none: nothing was observed."""
 
     def __init__(
         self,

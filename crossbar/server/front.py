@@ -105,6 +105,7 @@ class FrontDoor(MultiService):
         """A site guarded by the config's keys for ``pages`` (and again after a reload)."""
         kwargs.setdefault("limits", self._config.limits)
         kwargs.setdefault("timeout", CLIENT_IDLE_TIMEOUT)
+        kwargs.setdefault("reactor", self._reactor)
         guard = guard_for(self._config, pages)
         site = Site(
             resource,
