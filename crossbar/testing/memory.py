@@ -67,7 +67,8 @@ class HostLine:
     @property
     def received(self) -> bytes:
         """What crossbar sent on it so far."""
-        return self.transport.value()
+        sent: bytes = self.transport.value()
+        return sent
 
     def send(self, data: bytes) -> None:
         """The host sends ``data`` (a head, a chunk, anything)."""
@@ -100,7 +101,9 @@ class ClientLine:
 
     @property
     def received(self) -> bytes:
-        return self.transport.value()
+        """What crossbar answered on it so far."""
+        answered: bytes = self.transport.value()
+        return answered
 
     def leave(self) -> None:
         """The client goes away."""
