@@ -415,16 +415,17 @@ class Trickler(threading.Thread):
             conn.sock.close()
 
 
-def connect(port: int, first: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+def connect(port: int, first: bytes = b"", source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` (loopback takes any 127.0.0.x as a client's address)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     sock.sendall(first)
     return sock
 
 
-def slow(port: int, head: bytes, data: bytes) -> _Slow:
+def slow(port: int, head: bytes, data: bytes, source: str) -> _Slow:
     """A connection that has sent ``head`` at once, and will send ``data`` slowly."""
     started = time.monotonic()
-    return _Slow(connect(port, head), data, started)
+    return _Slow(connect(port, head, source), data, started)
 
 
 SLOW_HEAD = b"GET /%s/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: %s\r\n\r\n" % (
@@ -453,8 +454,9 @@ def test_slow_headers_and_slow_bodies(tmp_path: Path, simulator: Daemon) -> None
         port = daemon.port
         timed(port, 5)  # warm up
         before = timed(port, 20)
-        loris = [slow(port, b"", SLOW_HEAD) for _ in range(300)]
-        bodies = [slow(port, BIG_HEAD, b"x" * 1_000_000) for _ in range(300)]
+        # Each from an address of its own: one address holds a quarter of max_connections.
+        loris = [slow(port, b"", SLOW_HEAD, "127.0.0.2") for _ in range(300)]
+        bodies = [slow(port, BIG_HEAD, b"x" * 1_000_000, "127.0.0.3") for _ in range(300)]
         trickler = Trickler(loris + bodies, interval=0.2)
         trickler.start()
         try:
