@@ -27,6 +27,7 @@ each use below against the new release's source.
 from __future__ import annotations
 
 import gc
+import socket
 from collections.abc import Mapping
 from types import MethodType
 from typing import Any
@@ -81,6 +82,18 @@ def write_now(connection: tcp.Connection | None, transport: Any, data: bytes) ->
             return
         data = data[sent:]
     transport.write(data)
+
+
+def bytes_waiting(connection: tcp.Connection | None) -> bool:
+    """Whether the peer of a just accepted ``connection`` (from :func:`direct`) has sent
+    bytes not read yet: its first request is on its way. Twisted accepts up to a hundred
+    connections in one go before it reads any of them."""
+    if connection is None:
+        return False
+    try:
+        return bool(connection.socket.recv(1, socket.MSG_PEEK))
+    except OSError:  # nothing yet (EAGAIN), or gone: connectionLost follows
+        return False
 
 
 # -- twisted.web's server side --------------------------------------------------------------

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import attrs
-from twisted.internet.address import IPv4Address
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web import server
@@ -83,10 +83,10 @@ class Door:
     pages: Leaf
     clock: CountingClock
 
-    def connect(self) -> Conn:
-        channel = self.site.buildProtocol(PEER)
-        assert channel is not None
-        transport = StringTransport(peerAddress=PEER)
+    def connect(self, peer: IPv4Address | IPv6Address = PEER) -> Conn:
+        channel = self.site.buildProtocol(peer)
+        assert isinstance(channel, Channel), f"the connection from {peer.host} was refused"
+        transport = StringTransport(peerAddress=peer)
         channel.makeConnection(transport)
         return Conn(channel, transport)
 
@@ -95,12 +95,18 @@ class Door:
         return self.proxy.rendered + self.pages.rendered
 
 
-def door(limits: Limits = DEFAULTS, guard: Any = None) -> Door:
+def door(limits: Limits = DEFAULTS, guard: Any = None, timeout: float | None = None) -> Door:
+    """``timeout``: the site's idle timeout (none by default)."""
     proxy, pages, clock = Leaf(), Leaf(), CountingClock()
     root = Resource()
     root.putChild(b"_crossbar", pages)
-    site = Site(root, proxy=proxy, limits=limits, guard=guard, reactor=clock, timeout=None)
+    site = Site(root, proxy=proxy, limits=limits, guard=guard, reactor=clock, timeout=timeout)
     return Door(site, proxy, pages, clock)
+
+
+def peer(host: str) -> IPv4Address:
+    """A client at ``host`` (each address has its share of the connections)."""
+    return IPv4Address("TCP", host, 40000)
 
 
 def post(path: bytes = CHAT, body: bytes = b"{}", extra: bytes = b"") -> bytes:

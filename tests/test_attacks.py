@@ -415,16 +415,17 @@ class Trickler(threading.Thread):
             conn.sock.close()
 
 
-def connect(port: int, first: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+def connect(port: int, first: bytes = b"", source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` (loopback takes any 127.0.0.x as a client's address)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     sock.sendall(first)
     return sock
 
 
-def slow(port: int, head: bytes, data: bytes) -> _Slow:
+def slow(port: int, head: bytes, data: bytes, source: str) -> _Slow:
     """A connection that has sent ``head`` at once, and will send ``data`` slowly."""
     started = time.monotonic()
-    return _Slow(connect(port, head), data, started)
+    return _Slow(connect(port, head, source), data, started)
 
 
 SLOW_HEAD = b"GET /%s/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: %s\r\n\r\n" % (
@@ -453,8 +454,9 @@ def test_slow_headers_and_slow_bodies(tmp_path: Path, simulator: Daemon) -> None
         port = daemon.port
         timed(port, 5)  # warm up
         before = timed(port, 20)
-        loris = [slow(port, b"", SLOW_HEAD) for _ in range(300)]
-        bodies = [slow(port, BIG_HEAD, b"x" * 1_000_000) for _ in range(300)]
+        # Each from an address of its own: one address holds a quarter of max_connections.
+        loris = [slow(port, b"", SLOW_HEAD, "127.0.0.2") for _ in range(300)]
+        bodies = [slow(port, BIG_HEAD, b"x" * 1_000_000, "127.0.0.3") for _ in range(300)]
         trickler = Trickler(loris + bodies, interval=0.2)
         trickler.start()
         try:
@@ -515,15 +517,21 @@ def closed_by_peer(socks: list[socket.socket], count: int, timeout: float) -> se
 
 
 def test_connection_flood(tmp_path: Path, simulator: Daemon) -> None:
-    """With ``max_connections: 50``, 200 idle connections: the 150 past the 50th are
-    closed at once and counted, a client arriving meanwhile is turned away too, and
-    once the flood leaves, requests are answered again."""
-    with crossbar(tmp_path, simulator, "max_connections: 50\n") as daemon:
+    """With ``max_connections: 50``, 200 connections each with a request under way (a
+    body invited and not sent): the 150 past the 50th are closed at once and counted, a
+    client arriving meanwhile is turned away too, and once the flood leaves, requests
+    are answered again. (Idle connections give way instead: see the tests below.)"""
+    limits = "max_connections: 50\nmax_connections_per_client: 50\n"
+    with crossbar(tmp_path, simulator, limits) as daemon:
         port = daemon.port
         assert streamed(port)
         assert until(lambda: client_sockets(port) == 0, 5)
-        flood = [connect(port) for _ in range(200)]
+        flood = []
         try:
+            for _ in range(50):
+                flood.append(connect(port, INVITED))
+                assert invited(flood[-1])
+            flood += [connect(port, INVITED) for _ in range(150)]
             closed = closed_by_peer(flood, 150, timeout=5)
             assert closed == set(range(50, 200))
             assert closed_by_peer(flood[:50], 1, timeout=0.3) == set(), "a held one was closed"
@@ -535,6 +543,105 @@ def test_connection_flood(tmp_path: Path, simulator: Daemon) -> None:
         assert until(lambda: client_sockets(port) == 0, 5)
         assert streamed(port)
         assert metric(port, "crossbar_connections_refused_total") == 151
+
+
+INVITED = (
+    b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+    b"Expect: 100-continue\r\n\r\n" % CHAT.encode()
+)
+"""A request whose body crossbar invites (``100 Continue``), and that never sends it."""
+
+
+class Silent(threading.Thread):
+    """Keeps ``count`` connections to ``port`` from each of ``sources`` that never send a
+    byte, and opens a new one as soon as crossbar closes one."""
+
+    def __init__(self, port: int, sources: list[str], count: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.sources, self.count = port, sources, count
+        self.opened = self.closed = 0
+        self.stopping = threading.Event()
+        self._selector = selectors.DefaultSelector()
+
+    def run(self) -> None:
+        live = {source: 0 for source in self.sources}
+        while not self.stopping.is_set():
+            for source in self.sources:
+                while live[source] < self.count:
+                    sock = socket.socket()
+                    sock.setblocking(False)
+                    sock.bind((source, 0))
+                    sock.connect_ex(("127.0.0.1", self.port))
+                    self._selector.register(sock, selectors.EVENT_READ, source)
+                    live[source] += 1
+                    self.opened += 1
+            for key, _ in self._selector.select(timeout=0.01):
+                sock = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = sock.recv(1024)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # closed by crossbar: open another
+                    self._selector.unregister(sock)
+                    sock.close()
+                    live[key.data] -= 1
+                    self.closed += 1
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+
+
+def keyed(port: int) -> float | None:
+    """A keyed client's request from 127.0.0.1 on a new connection: how long it took,
+    or ``None`` if it was not served."""
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=("127.0.0.1", 0))
+    try:
+        conn.request("POST", f"/{LOCKED}/v1/chat/completions", _CHAT_BODY, {"X-Api-Key": KEY})
+        response = conn.getresponse()
+        response.read()
+        return time.perf_counter() - start if response.status == 200 else None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [["127.0.0.2"], [f"127.0.0.{i}" for i in range(2, 10)]],
+    ids=["one address", "eight addresses"],
+)
+def test_silent_sockets_leave_a_keyed_client_served(
+    tmp_path: Path, simulator: Daemon, sources: list[str]
+) -> None:
+    """With ``max_connections: 40`` and ``api_keys`` on the route, silent sockets opened
+    again as soon as they close, from one address (which holds its share, 10, and no
+    more) or from eight (80 wanted: the oldest silent one gives way to each newcomer):
+    a keyed client from another address is still served, nearly every time."""
+    with crossbar(tmp_path, simulator, "max_connections: 40\n") as daemon:
+        port = daemon.port
+        attacker = Silent(port, sources, 100 // len(sources) + 10)
+        attacker.start()
+        try:
+            assert until(lambda: attacker.closed >= 500, 10), "the flood never got going"
+            times = [keyed(port) for _ in range(10)]
+            churned = attacker.closed
+        finally:
+            attacker.stop()
+        served = [t for t in times if t is not None]
+        print(
+            f"\n{len(served)} of 10 keyed requests served while {churned} silent sockets"
+            f" were closed; slowest {max(served, default=0) * 1000:.0f} ms"
+        )
+        assert len(served) >= 8, times
+        assert until(lambda: client_sockets(port) == 0, 10)
 
 
 # -- bodies held at once -----------------------------------------------------------------------
@@ -636,6 +743,19 @@ SHAPES = {
     "a . segment": (_request(b"GET /lab/./v1/models HTTP/1.1"), 400),
     "Content-Length and chunked": (
         _request(_POST, b"Content-Length: 2", b"Transfer-Encoding: chunked", body=b"0\r\n\r\n"),
+        400,
+    ),
+    "Content-Length and Transfer-Encoding: identity": (
+        _request(_POST, b"Content-Length: 2", b"Transfer-Encoding: identity"),
+        400,
+    ),
+    "identity, then chunked": (
+        _request(
+            _POST,
+            b"Transfer-Encoding: identity",
+            b"Transfer-Encoding: chunked",
+            body=b"2\r\n{}\r\n0\r\n\r\n",
+        ),
         400,
     ),
     "two Content-Lengths": (_request(_POST, b"Content-Length: 2", b"Content-Length: 3"), 400),

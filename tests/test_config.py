@@ -8,6 +8,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -247,6 +248,30 @@ def test_keys_limits_and_proxies_are_read(tmp_path: Path, monkeypatch: pytest.Mo
         assert value not in repr(config)
 
 
+@pytest.mark.parametrize(
+    ("written", "share"),
+    [
+        ("", 512),  # a quarter of the default 2048
+        ("max_connections: 100", 25),  # follows max_connections when only that is set
+        ("max_connections: 2", 1),  # never none
+        ("max_connections: 8\nmax_connections_per_client: 8", 8),
+        ("max_connections_per_client: 40", 40),
+    ],
+)
+def test_a_client_s_share_of_the_connections(written: str, share: int) -> None:
+    config = parse_config(yaml.safe_load(MINIMAL + written + "\n"))
+    assert config.limits.max_connections_per_client == share
+
+
+def test_the_limits_carry_the_trusted_proxies_exempt_from_the_share() -> None:
+    config = parse_config(yaml.safe_load(MINIMAL + "trusted_proxies: [10.0.0.0/8]\n"))
+    assert config.limits.trusted_proxies == config.trusted_proxies
+    assert [str(n) for n in config.limits.trusted_proxies] == ["10.0.0.0/8"]
+    # However the config is made (a reload keeping fixed keys makes it anew).
+    again = attrs.evolve(config, trusted_proxies=())
+    assert again.limits.trusted_proxies == () and again.limits == config.limits
+
+
 def test_defaults_leave_everything_open_with_limits() -> None:
     config = parse_config(yaml.safe_load(MINIMAL))
     assert config.routes["opencode-a"].api_keys == ()
@@ -334,6 +359,21 @@ SECURITY_MISTAKES = [
         "must not be more than max_body_memory",
     ),
     (("poll_interval: 5s", "max_connections: 0"), "max_connections", "at least 1"),
+    (
+        ("poll_interval: 5s", "max_connections_per_client: 0"),
+        "max_connections_per_client",
+        "at least 1",
+    ),
+    (
+        ("poll_interval: 5s", "max_connections: 100\nmax_connections_per_client: 101"),
+        "max_connections_per_client",
+        "must not be more than max_connections (100)",
+    ),
+    (
+        ("poll_interval: 5s", "max_connections_per_client: 3000"),
+        "max_connections_per_client",
+        "must not be more than max_connections (2048)",
+    ),
     (("poll_interval: 5s", "body_timeout: soon"), "body_timeout", "not a duration"),
     (
         ("poll_interval: 5s", "trusted_proxies: [10.0.0.0/33]"),

@@ -36,6 +36,38 @@ def test_any_other_line_is_not(line: bytes) -> None:
 
 
 @pytest.mark.parametrize(
+    "line",
+    [
+        b"Transfer-Encoding: identity",
+        b"transfer-encoding: IDENTITY",
+        b"Transfer-Encoding: gzip, chunked",
+        b"Transfer-Encoding: chunked, chunked",
+        b"Transfer-Encoding: chunked;x=1",
+        b"Transfer-Encoding: xchunked",
+        b"Transfer-Encoding:",
+        b"Transfer-Encoding: chunked\x0b",
+    ],
+)
+def test_a_transfer_encoding_other_than_chunked_alone_is_refused(line: bytes) -> None:
+    assert door.not_chunked(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"Transfer-Encoding: chunked",
+        b"transfer-encoding:Chunked",
+        b"Transfer-Encoding: \tCHUNKED ",
+        b"Transfer-Encodings: identity",
+        b"Content-Length: 2",
+        b"X-Transfer-Encoding: identity",
+    ],
+)
+def test_chunked_and_other_headers_pass(line: bytes) -> None:
+    assert not door.not_chunked(line)
+
+
+@pytest.mark.parametrize(
     ("hosts", "several"),
     [(None, False), ([b"a"], False), ([b""], False), ([b"a", b"a"], True), ([b"a", b"b"], True)],
 )

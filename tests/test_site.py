@@ -10,6 +10,7 @@ the end of the connection, one that keeps sending is cut off, a slow body gets a
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import attrs
 import pytest
 import pytest_twisted
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.address import IPv6Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
@@ -36,13 +38,14 @@ from tests.doors import (
     CHAT,
     CHUNKED_HEAD,
     DEFAULTS,
-    PEER,
+    Conn,
     Door,
     Leaf,
     MiB,
     chunked,
     door,
     get,
+    peer,
     post,
 )
 
@@ -79,6 +82,16 @@ def test_a_refusal_is_json_with_its_headers_and_ends_the_connection(d: Door) -> 
         (get(b"/lab/%2e%2E/other/v1/models"), "path with a . or .. segment"),
         (get(b"/lab/v1%2f..%2fadmin?x=1"), "path with a . or .. segment"),
         (b"POST /lab/x HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", ""),
+        (post(extra=b"Transfer-Encoding: identity\r\n"), "Transfer-Encoding other than chunked"),
+        (post(extra=b"Transfer-Encoding: IDENTITY\r\n"), "Transfer-Encoding other than chunked"),
+        (
+            get(CHAT, b"POST", b"Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n"),
+            "Transfer-Encoding other than chunked",
+        ),
+        (
+            get(CHAT, b"POST", b"Transfer-Encoding: chunked, chunked\r\n") + chunked(b"{}"),
+            "Transfer-Encoding other than chunked",
+        ),
         (b"POST /lab/x HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", ""),
         (b"POST /lab/x HTTP/1.1\r\nContent-Length: -2\r\n\r\n{}", ""),
         (b"GET /lab/x HTTP/1.1\r\nX-A: a\x00b\r\n\r\n", ""),
@@ -94,6 +107,13 @@ def test_what_the_door_or_twisted_s_parser_refuses_is_400_and_closed(
     assert (status, body) == (400, {"error": error or "bad request"})
     assert headers[b"connection"] == b"close" and conn.closed
     assert d.rendered == []
+
+
+@pytest.mark.parametrize("coding", [b"chunked", b"Chunked", b" CHUNKED\t"])
+def test_one_chunked_transfer_encoding_is_read(d: Door, coding: bytes) -> None:
+    d.connect().send(CHUNKED_HEAD.replace(b" chunked", coding) + chunked(b"{", b"}"))
+    [request] = d.proxy.rendered
+    assert request.content.read() == b"{}"  # type: ignore[union-attr]
 
 
 def test_a_header_line_over_16_kib_is_answered_431(d: Door) -> None:
@@ -269,24 +289,37 @@ def test_a_body_that_comes_with_its_head_gets_no_timer(d: Door, whole: bytes) ->
 # -- open connections -------------------------------------------------------------------------
 
 
-def refused_connection(d: Door) -> StringTransport:
+def refused_connection(d: Door, host: str = "127.0.0.9") -> StringTransport:
     transport = StringTransport()
-    closing = d.site.buildProtocol(PEER)
+    closing = d.site.buildProtocol(peer(host))
     assert closing is not None and not isinstance(closing, Channel)
     closing.makeConnection(transport)
     return transport
 
 
+def busy(d: Door, host: str) -> Conn:
+    """A connection from ``host`` with a request under way (the proxy never answers)."""
+    conn = d.connect(peer(host))
+    conn.send(get(CHAT))
+    return conn
+
+
+def answered(d: Door, conn: Conn) -> None:
+    """Answer the connection's request: it is kept alive, idle."""
+    [request] = [r for r in d.rendered if r.channel is conn.channel]
+    request.finish()
+    assert not conn.closed
+
+
 def test_connections_past_max_connections_are_closed_at_once_and_counted() -> None:
     d = door(Limits(max_connections=2))
-    first, second = d.connect(), d.connect()
+    first, second = busy(d, "127.0.0.2"), busy(d, "127.0.0.3")
     refused = refused_connection(d)
     assert refused.disconnecting and refused.value() == b""
     assert (d.site.open_connections, d.site.refused_connections) == (2, 1)
     first.channel.connectionLost(Failure(ConnectionError()))
-    third = d.connect()
-    third.send(get(CHAT))
-    assert len(d.proxy.rendered) == 1
+    third = busy(d, "127.0.0.4")
+    assert len(d.proxy.rendered) == 3
     assert (d.site.open_connections, d.site.refused_connections) == (2, 1)
     second.channel.connectionLost(Failure(ConnectionError()))
     third.channel.connectionLost(Failure(ConnectionError()))
@@ -295,7 +328,7 @@ def test_connections_past_max_connections_are_closed_at_once_and_counted() -> No
 
 def test_refused_connections_are_logged_once_per_burst_with_how_many() -> None:
     d = door(Limits(max_connections=1))
-    d.connect()
+    busy(d, "127.0.0.2")
     logs = LogCapture()
     try:
         for _ in range(5):
@@ -319,10 +352,10 @@ def test_the_connections_are_in_the_metrics() -> None:
     table = HealthTable({"gpu-a": "http://127.0.0.1:1"}, Clock(), {"gpu-a": HostSettings()})
     metrics = Metrics(table, Traffic(["gpu-a"], ["lab"]))
     metrics.count_connections(d.site)
-    first, second = d.connect(), d.connect()
-    refused_connection(d)
+    first, second = d.connect(peer("127.0.0.2")), d.connect(peer("127.0.0.3"))
     first.send(b"TRACE /lab/v1/models HTTP/1.1\r\nHost: a\r\n\r\n")
     second.send(post(extra=b"Host: b\r\n"))
+    refused_connection(d)
     found = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(metrics.render().decode())
@@ -333,6 +366,129 @@ def test_the_connections_are_in_the_metrics() -> None:
     refused = "crossbar_requests_refused_total"
     assert found[refused, (("code", "405"), ("reason", "method not allowed"))] == 1
     assert found[refused, (("code", "400"), ("reason", "more than one Host header"))] == 1
+
+
+# -- silent connections, a client's share, idle connections giving way ------------------------
+
+
+def test_a_new_connection_that_sends_nothing_is_answered_408_after_head_timeout() -> None:
+    d = door(Limits(head_timeout=30), timeout=75)
+    conn = d.connect()
+    logs = LogCapture()
+    try:
+        d.clock.advance(29.9)
+        assert conn.answer == b"" and not conn.closed
+        d.clock.advance(0.1)
+    finally:
+        logs.close()
+    assert conn.refusal()[::2] == (408, {"error": "no request sent"})
+    assert conn.closed and d.rendered == []
+    assert d.site.refused_requests == {(408, "no request sent"): 1}
+    assert logs.lines == []  # no request, no access line: the metrics count it
+
+
+def test_the_first_byte_starts_the_head_s_own_deadline() -> None:
+    d = door(Limits(head_timeout=30))
+    conn = d.connect()
+    d.clock.advance(20)
+    conn.send(b"GET /lab/v1/mo")
+    d.clock.advance(29)
+    assert conn.answer == b""
+    d.clock.advance(1)
+    assert conn.refusal()[::2] == (408, {"error": "request head too slow"})
+
+
+def test_between_requests_a_kept_alive_connection_waits_for_the_idle_timeout() -> None:
+    d = door(Limits(head_timeout=30), timeout=75)
+    conn = busy(d, "127.0.0.1")
+    answered(d, conn)
+    sent = conn.answer
+    d.clock.advance(74)
+    assert not conn.closed and conn.answer == sent  # not the head's 30 s
+    d.clock.advance(1)
+    assert conn.closed and conn.answer == sent  # the site's idle timeout, as before
+
+
+def test_a_client_address_holds_at_most_its_share_of_the_connections() -> None:
+    d = door(Limits(max_connections=8))  # a share of 2
+    assert d.site.limits.max_connections_per_client == 2
+    held = [busy(d, "127.0.0.2") for _ in range(2)]
+    logs = LogCapture()
+    try:
+        refused = [refused_connection(d, "127.0.0.2") for _ in range(3)]
+        d.clock.advance(10)
+    finally:
+        logs.close()
+    assert all(t.disconnecting and t.value() == b"" for t in refused)
+    assert not any(conn.closed for conn in held)
+    assert d.site.refused_connections == 3
+    assert logs.matching("refused") == [
+        "refused 1 client connection from 127.0.0.2: 2 open from each,"
+        " the max_connections_per_client limit",
+        "refused 2 client connections from 127.0.0.2: 2 open from each,"
+        " the max_connections_per_client limit",
+    ]
+    d.connect(peer("127.0.0.3"))  # another address is let in
+    held[0].channel.connectionLost(Failure(ConnectionError()))
+    d.connect(peer("127.0.0.2"))  # a place of its share is free again
+
+
+def test_at_its_share_a_client_s_own_oldest_idle_connection_gives_way() -> None:
+    d = door(Limits(max_connections=8))  # a share of 2
+    other = d.connect(peer("127.0.0.3"))  # idle, and older: another client's, kept
+    silent = [d.connect(peer("127.0.0.2")) for _ in range(2)]
+    d.connect(peer("127.0.0.2"))
+    assert silent[0].closed and silent[0].answer == b""
+    assert not silent[1].closed and not other.closed
+    assert (d.site.open_connections, d.site.refused_connections) == (3, 0)
+
+
+def test_trusted_proxies_have_no_share() -> None:
+    proxies = (ipaddress.ip_network("127.0.0.2"),)
+    d = door(attrs.evolve(Limits(max_connections=8), trusted_proxies=proxies))
+    held = [d.connect(peer("127.0.0.2")) for _ in range(8)]
+    assert d.site.open_connections == 8 and d.site.refused_connections == 0
+    assert not any(conn.closed for conn in held)
+
+
+def test_an_ipv6_client_s_share_is_its_64() -> None:
+    d = door(Limits(max_connections=4))  # a share of 1
+    one = IPv6Address("TCP", "2001:db8:1:2::1", 40000)
+    same_64 = IPv6Address("TCP", "2001:db8:1:2:ffff::9", 40000)
+    other_64 = IPv6Address("TCP", "2001:db8:1:3::1", 40000)
+    d.connect(one).send(get(CHAT))
+    assert not isinstance(d.site.buildProtocol(same_64), Channel)
+    d.connect(other_64)
+
+
+def test_at_the_cap_the_oldest_idle_connection_gives_way_to_a_new_one() -> None:
+    d = door(Limits(max_connections=3))  # each client below from an address of its own
+    silent = d.connect(peer("127.0.0.2"))  # never sends a byte
+    working = busy(d, "127.0.0.3")  # its request under way
+    kept = busy(d, "127.0.0.4")
+    answered(d, kept)  # idle since its answer, newer than the silent one
+    logs = LogCapture()
+    try:
+        first = d.connect(peer("127.0.0.5"))
+        assert silent.closed and silent.answer == b""  # closed quietly, not answered
+        assert not kept.closed
+        second = d.connect(peer("127.0.0.6"))
+        assert kept.closed and not working.closed
+        assert d.site.open_connections == 3 and d.site.refused_connections == 0
+        first.send(b"GET /lab/v1/mo")  # a head under way is no idle connection
+        second.send(get(CHAT))
+        refused = refused_connection(d, "127.0.0.7")
+        d.clock.advance(10)
+    finally:
+        logs.close()
+    assert refused.disconnecting and d.site.refused_connections == 1
+    assert not (first.closed or second.closed or working.closed)
+    closed = "idle client connection to make room for new ones: 3 open, the max_connections limit"
+    assert logs.matching("connection") == [
+        f"closed 1 {closed}",
+        "refused 1 client connection: 3 open, the max_connections limit",
+        f"closed 1 {closed}",
+    ]
 
 
 # -- over real sockets ------------------------------------------------------------------------
@@ -460,8 +616,9 @@ async def test_a_slow_body_is_answered_408_and_closed(served: Served) -> None:
     assert 0.25 < seconds < 2
 
 
-def one_too_many(address: tuple[str, int]) -> bytes:
-    with socket.create_connection(address, timeout=10) as s:
+def one_too_many(address: tuple[str, int], source: str = "127.0.0.2") -> bytes:
+    """A request from ``source`` (loopback takes any 127.0.0.x as a client's address)."""
+    with socket.create_connection(address, timeout=10, source_address=(source, 0)) as s:
         s.sendall(get(CHAT))
         try:
             return read_to_end(s)
@@ -474,11 +631,64 @@ def one_too_many(address: tuple[str, int]) -> bytes:
 async def test_a_connection_past_the_cap_is_closed_at_once(served: Served) -> None:
     logs = LogCapture()
     try:
-        with socket.create_connection(served.address, timeout=10):
-            await eventually(lambda: served.site.open_connections == 1)
+        with socket.create_connection(served.address, timeout=10) as held:
+            held.sendall(get(CHAT))  # a request under way: it does not give way
+            await eventually(lambda: len(served.proxy.rendered) == 1)
             answer = await deferToThread(one_too_many, served.address)
             assert answer == b"" and served.site.refused_connections == 1
+            served.proxy.rendered.pop().finish()
         await eventually(lambda: served.site.open_connections == 0)
     finally:
         logs.close()
-    assert logs.matching("refused 1 client connection")
+    assert logs.matching("refused 1 client connection: 1 open, the max_connections limit")
+
+
+def silent_then_asked(address: tuple[str, int]) -> tuple[bytes, float]:
+    """A connection that sends nothing: what it reads, and when."""
+    with socket.create_connection(address, timeout=10) as s:
+        started = time.monotonic()
+        return read_to_end(s), time.monotonic() - started
+
+
+@pytest.mark.parametrize("served", [Limits(head_timeout=0.3)], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_silent_connection_is_answered_408_after_head_timeout(served: Served) -> None:
+    answer, seconds = await deferToThread(silent_then_asked, served.address)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answer.endswith(b'{"error":"no request sent"}')
+    assert 0.25 < seconds < 2
+
+
+@pytest.mark.parametrize("served", [Limits(max_connections=2)], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_at_the_cap_a_silent_connection_gives_way_to_a_client(served: Served) -> None:
+    address = served.address
+    with (
+        socket.create_connection(address, timeout=10) as silent,
+        socket.create_connection(address, timeout=10, source_address=("127.0.0.3", 0)) as other,
+    ):
+        await eventually(lambda: served.site.open_connections == 2)
+        with socket.create_connection(address, timeout=10, source_address=("127.0.0.2", 0)) as new:
+            new.sendall(get(CHAT))
+            await eventually(lambda: len(served.proxy.rendered) == 1)
+            assert await deferToThread(silent.recv, 10) == b""  # the oldest idle one: closed
+            other.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                other.recv(10)  # the newer one: still open
+            assert served.site.refused_connections == 0
+            served.proxy.rendered.pop().finish()
+
+
+@pytest.mark.parametrize("served", [Limits(max_connections=1)], indirect=True)
+@pytest_twisted.ensureDeferred
+async def test_a_connection_whose_request_came_with_it_does_not_give_way(served: Served) -> None:
+    """Twisted accepts every connection waiting before it reads any: one whose request
+    is already there is not taken for a silent one by the connections after it."""
+    address = served.address
+    with socket.create_connection(address, timeout=10) as asking:
+        asking.sendall(get(CHAT))  # before crossbar has accepted it
+        with socket.create_connection(address, timeout=10, source_address=("127.0.0.2", 0)) as late:
+            answer = await deferToThread(read_to_end, late)
+            assert answer == b"" and served.site.refused_connections == 1
+        await eventually(lambda: len(served.proxy.rendered) == 1)
+        served.proxy.rendered.pop().finish()

@@ -37,6 +37,7 @@ from crossbar._twisted import (
     TESTED_TWISTED,
     ParserRefusals,
     QuietPool,
+    bytes_waiting,
     client_gone,
     direct,
     handling_request,
@@ -185,6 +186,25 @@ async def test_direct_is_none_once_tls_is_started(pair: Pair) -> None:
     pair.transport.startTLS(ssl.CertificateOptions())  # no handshake: the peer never speaks
     assert pair.transport.TLS
     assert direct(pair.transport) is None
+
+
+# -- bytes_waiting() ----------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_bytes_waiting_sees_what_the_peer_sent_before_it_is_read(pair: Pair) -> None:
+    """What a just accepted connection's client has sent is seen, and left to be read."""
+    connection = direct(pair.transport)
+    assert not bytes_waiting(connection)
+    pair.peer.send(b"GET / HTTP/1.1\r\n")
+    select.select([connection.socket], [], [], 5)  # type: ignore[union-attr]
+    assert bytes_waiting(connection)
+    assert bytes_waiting(connection)  # only peeked at
+    assert connection.socket.recv(100) == b"GET / HTTP/1.1\r\n"  # type: ignore[union-attr]
+
+
+def test_bytes_waiting_is_false_for_a_transport_that_is_not_plain_tcp() -> None:
+    assert not bytes_waiting(direct(StringTransport()))
 
 
 # -- an empty queue: on the wire at once --------------------------------------------------------

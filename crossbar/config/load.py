@@ -54,6 +54,7 @@ _LIMIT_PARSERS: dict[str, Any] = {
     "head_timeout": parse_duration,
     "body_timeout": parse_duration,
     "max_connections": parse_count,
+    "max_connections_per_client": parse_count,
     "max_body_memory": parse_size,
     "max_body": parse_size,
 }
@@ -177,6 +178,10 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
     )
     if limits.max_body > limits.max_body_memory:
         raise r.fail("max_body", "must not be more than max_body_memory")
+    share = limits.max_connections_per_client
+    if "max_connections_per_client" in top and share > limits.max_connections:
+        problem = f"must not be more than max_connections ({limits.max_connections})"
+        raise r.fail("max_connections_per_client", problem)
     return Config(
         listen=listen,
         listen_reuse_port=reuse_port,

@@ -115,11 +115,20 @@ class Limits:
     body_timeout: float = 60.0
     """Seconds from a request's headers to the end of its body."""
     max_connections: int = 2048
-    """Client connections open at once; past it new ones are closed at once."""
+    """Client connections open at once; past it the oldest idle one is closed to make
+    room, or (none idle) the new one is closed at once."""
+    max_connections_per_client: int = attrs.field(
+        default=attrs.Factory(lambda limits: max(1, limits.max_connections // 4), takes_self=True)
+    )
+    """Client connections open at once from one address (an IPv6 client: its /64), so
+    that one machine cannot take them all; a quarter of ``max_connections`` unless set."""
     max_body_memory: int = 256 * 1024 * 1024
     """Bytes of request bodies held at once across all clients."""
     max_body: int = 16 * 1024 * 1024
     """Bytes of one request's body."""
+    trusted_proxies: tuple[Network, ...] = attrs.field(default=(), eq=False, repr=False)
+    """Peers with no share of their own: many clients come through each. Not a key of
+    its own: always the config's ``trusted_proxies`` (see :class:`Config`)."""
 
 
 @attrs.frozen
@@ -151,6 +160,12 @@ class Config:
         init=False, default=attrs.Factory(_resolve, takes_self=True), eq=False
     )
     """Every host's settings, its own or the defaults: resolved once, read everywhere."""
+
+    def __attrs_post_init__(self) -> None:
+        # The sites see only the limits: they carry the proxies exempt from the share.
+        if self.limits.trusted_proxies != self.trusted_proxies:
+            limits = attrs.evolve(self.limits, trusted_proxies=self.trusted_proxies)
+            object.__setattr__(self, "limits", limits)
 
     @property
     def urls(self) -> dict[str, str]:

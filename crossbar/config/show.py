@@ -55,7 +55,8 @@ def _masked(key: Secret) -> str:
 
 
 def _limits(limits: Limits) -> dict[str, Any]:
-    return attrs.asdict(limits)
+    # trusted_proxies is the top-level key's, shown there.
+    return attrs.asdict(limits, filter=lambda field, _: field.name != "trusted_proxies")
 
 
 def _settings(settings: HostSettings) -> dict[str, Any]:

@@ -56,6 +56,9 @@ BUSY = Refusal(503, "busy", ((b"Retry-After", b"1"),), close=True)
 """Request bodies held at once would pass ``max_body_memory``."""
 BODY_TOO_SLOW = Refusal(408, "request body too slow", close=True)
 HEAD_TOO_SLOW = Refusal(408, "request head too slow", close=True)
+NO_REQUEST = Refusal(408, "no request sent", close=True)
+"""A new connection whose first byte did not come within ``head_timeout``."""
+NOT_CHUNKED = Refusal(400, "Transfer-Encoding other than chunked", close=True)
 BAD_HOST = Refusal(400, "Host header is not a host name", close=True)
 NOT_UTF8 = Refusal(400, "path is not UTF-8", close=True)
 
@@ -82,6 +85,24 @@ def folded(line: bytes) -> bool:
     line starting with a space is no better.
     """
     return line[:1] in FOLD_STARTS
+
+
+TE_STARTS = (b"T", b"t")
+"""What a ``Transfer-Encoding`` line starts with (a name is never preceded by a space:
+twisted.web refuses such a line)."""
+_TE = b"transfer-encoding:"
+
+
+def not_chunked(line: bytes) -> bool:
+    """Whether a header line is a ``Transfer-Encoding`` other than exactly ``chunked``.
+
+    twisted.web ignores ``identity``, so ``Transfer-Encoding: identity`` with a
+    ``Content-Length`` would pass the "both framings: 400" rule, and a host or a proxy
+    between might read the body by either. A request with a body that is not chunked
+    says ``Content-Length``; any other coding (``gzip, chunked``, ``chunked, chunked``)
+    has no meaning here. Two ``chunked`` lines are twisted.web's own 400.
+    """
+    return line[:18].lower() == _TE and line[18:].strip(b" \t").lower() != b"chunked"
 
 
 def several_hosts(hosts: Sequence[bytes] | None) -> bool:

@@ -7,21 +7,13 @@ body through a protocol given to ``Response.deliverBody``, lets the client's soc
 pause the upstream socket (backpressure), and closes the upstream connection as soon
 as the client leaves so the GPU stops generating.
 
-It moves through named :class:`Phase` s, only through :meth:`Exchange._enter`::
-
-    CHOOSING -> WAITING -> STREAMING -> ANSWERED | CUT_OFF
-       ^           |
-       +-----------+  (failover: the host failed before any answer)
-
-and from any phase not yet ended to ``ANSWERED`` (an answer made here: an error, a
-merged model list) or ``CLIENT_LEFT``. Every event that comes late (an answer after the
-client left, the body's end after a timeout cut it) finds the exchange ended and does
-nothing.
+It moves through named phases (:mod:`crossbar.server.phases`), only through
+:meth:`Exchange._enter`. Every event that comes late (an answer after the client left, the
+body's end after a timeout cut it) finds the exchange ended and does nothing.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 from twisted.internet import error
@@ -32,18 +24,17 @@ from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
 
 from crossbar.config import RouteConfig
 from crossbar.fleet import Ask, Conversation, Placement, RequestRecord, merged_listing
 from crossbar.server.context import ProxyContext
 from crossbar.server.peek import with_model
-from crossbar.server.request import release_body
+from crossbar.server.phases import ENDED, MOVES, Phase
+from crossbar.server.request import answer_json, release_body
 from crossbar.server.rewrite import (
     BODYLESS,
     BadTarget,
     answer_headers,
-    json_body,
     parse_target,
     trusted_proxy,
     upstream_headers,
@@ -60,32 +51,6 @@ log = Logger()
 
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 """Failures that happen before any answer: the request can be tried on another host."""
-
-
-class Phase(enum.Enum):
-    """Where an exchange stands."""
-
-    CHOOSING = "choosing a host"
-    """Reading the request and choosing a host (again, after a failure before any answer)."""
-    WAITING = "waiting for the host's head"
-    """Sent to a host (connecting included); no status line yet."""
-    STREAMING = "streaming the answer"
-    """The host's status line came; its body is relayed as it arrives."""
-    ANSWERED = "answered"
-    """Ended: the answer was relayed whole, or crossbar answered itself."""
-    CUT_OFF = "cut off"
-    """Ended: the answer had begun and was cut off (host broke off or went quiet)."""
-    CLIENT_LEFT = "client left"
-    """Ended: the client went away (or read nothing for ``idle_timeout``) first."""
-
-
-_ENDED = frozenset({Phase.ANSWERED, Phase.CUT_OFF, Phase.CLIENT_LEFT})
-_NEXT: dict[Phase, frozenset[Phase]] = {
-    Phase.CHOOSING: frozenset({Phase.WAITING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
-    Phase.WAITING: frozenset({Phase.CHOOSING, Phase.STREAMING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
-    Phase.STREAMING: _ENDED,
-}
-"""The moves an exchange may make; an ended one makes none."""
 
 
 class Exchange:
@@ -122,13 +87,13 @@ class Exchange:
         self._body: StreamBody | None = None
 
     def _enter(self, phase: Phase) -> None:
-        """The one place the exchange moves on; a move not in :data:`_NEXT` is a bug."""
-        assert phase in _NEXT.get(self.phase, ()), f"{self.phase} -> {phase}"
+        """The one place the exchange moves on; a move not in :data:`MOVES` is a bug."""
+        assert phase in MOVES.get(self.phase, ()), f"{self.phase} -> {phase}"
         self.phase = phase
 
     @property
     def ended(self) -> bool:
-        return self.phase in _ENDED
+        return self.phase in ENDED
 
     def start(self) -> None:
         self.request.notifyFinish().addBoth(self._ended)
@@ -163,7 +128,7 @@ class Exchange:
             if listing is None:
                 raise BadTarget(503, "no healthy host")
             self._enter(Phase.ANSWERED)
-            self._send_json(200, listing)
+            answer_json(self.request, 200, listing)
             return False
 
         body = request.content.getvalue() if request.content is not None else b""
@@ -329,7 +294,7 @@ class Exchange:
         self._enter(Phase.ANSWERED)  # before the body's end, which then changes nothing
         self._body.stopProducing()
         self.request.unregisterProducer()
-        self._send_json(504, {"error": "upstream timeout", "host": host})
+        answer_json(self.request, 504, {"error": "upstream timeout", "host": host}, host)
 
     def client_stalled(self) -> None:
         """The client read nothing of its answer for ``idle_timeout``: it holds a host's
@@ -390,20 +355,7 @@ class Exchange:
         if self.ended:
             return
         self._enter(Phase.ANSWERED)
-        self._send_json(status, {"error": message, **extra})
-
-    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
-        """Answer with JSON made here, not by a host."""
-        body = json_body(payload)
-        request = self.request
-        request.setResponseCode(status)
-        request.responseHeaders = Headers(
-            {b"content-type": [b"application/json"], b"content-length": [b"%d" % len(body)]}
-        )
-        if self.host is not None:
-            request.responseHeaders.setRawHeaders(b"x-crossbar-host", [self.host.encode()])
-        request.write(body)
-        request.finish()
+        answer_json(self.request, status, {"error": message, **extra}, self.host)
 
     def _ended(self, result: object) -> None:
         """The client's side is over: the answer was sent, or the client left."""

@@ -8,12 +8,14 @@ from typing import Any, Protocol
 
 from twisted.python.failure import Failure
 from twisted.web import server
+from twisted.web.http_headers import Headers
 from twisted.web.resource import IResource
 
 from crossbar._twisted import client_gone, request_line, request_version
 from crossbar.config import Limits
 from crossbar.server import door
 from crossbar.server.door import Guard, Refusal
+from crossbar.server.rewrite import json_body
 from crossbar.server.timers import http_date
 
 
@@ -164,3 +166,18 @@ def release_body(request: server.Request, keep_reserved: bool = False) -> None:
         request.content = request._buffer = BytesIO()
         if not keep_reserved:
             request._release()
+
+
+def answer_json(
+    request: server.Request, status: int, payload: dict[str, Any], host: str | None = None
+) -> None:
+    """Answer with JSON made here, not by a host (``host``: the one it was about)."""
+    body = json_body(payload)
+    request.setResponseCode(status)
+    request.responseHeaders = Headers(
+        {b"content-type": [b"application/json"], b"content-length": [b"%d" % len(body)]}
+    )
+    if host is not None:
+        request.responseHeaders.setRawHeaders(b"x-crossbar-host", [host.encode()])
+    request.write(body)
+    request.finish()

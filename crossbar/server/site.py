@@ -1,8 +1,9 @@
 """twisted.web's server side, made fit for a proxy on a shared network: deadlines for a
-request's headers and body, refusals answered from a head alone (then nothing more is
-read), a cap on open connections and on request bodies held at once, data sent at once
-when nothing is queued (an answer's head waits for the end of the reactor's turn), and no
-access log of twisted.web's own. Each request is a
+connection's first byte and a request's headers and body, refusals answered from a head
+alone (then nothing more is read), caps on open connections (all of them, and one
+client's share, the oldest idle one giving way to a new one) and on request bodies held
+at once, data sent at once when nothing is queued (an answer's head waits for the end of
+the reactor's turn), and no access log of twisted.web's own. Each request is a
 :class:`~crossbar.server.request.ProxyRequest`."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from twisted.web.resource import IResource
 
 from crossbar._twisted import (
     ParserRefusals,
+    bytes_waiting,
     direct,
     handling_request,
     request_line,
@@ -28,7 +30,8 @@ from crossbar.config import Limits
 from crossbar.fleet import ProxyObserver, RequestRecord
 from crossbar.server import door
 from crossbar.server.accesslog import AccessLog
-from crossbar.server.door import FOLD_STARTS, Guard, Refusal
+from crossbar.server.connections import Connections
+from crossbar.server.door import FOLD_STARTS, TE_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.request import ProxyRequest
 from crossbar.server.timers import stop
@@ -36,8 +39,6 @@ from crossbar.server.timers import stop
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""
 DEFAULT_LIMITS = Limits()
-REFUSALS_LOGGED_EVERY = 10.0
-"""Seconds between two log lines about connections refused past ``max_connections``."""
 
 log = Logger()
 
@@ -47,7 +48,9 @@ class Channel(ParserRefusals):
     refuses a request from its head and then reads nothing more of the connection.
 
     The Site's idle timeout restarts on every byte, so a client that trickles its
-    headers (slowloris) or its body could otherwise hold a connection open forever.
+    headers (slowloris) or its body could otherwise hold a connection open forever; a
+    new connection's first byte is due within ``head_timeout`` too, so that one that
+    says nothing is not kept for the idle timeout.
     """
 
     site: Site
@@ -58,11 +61,21 @@ class Channel(ParserRefusals):
     _refused = False
     _host: Any = None
     _direct: Any = None
+    _silent = True  # not a byte received yet
     heads = 0  # request heads received on this connection; none yet: it is fresh
+    client: str | None = None
+    """The address whose share of ``max_connections`` it counts in; ``None``: none."""
+    idle = False
+    """No request under way (none sent yet, or between two): it may give way to a new
+    connection at the cap."""
 
     def connectionMade(self) -> None:
         super().connectionMade()
         self._direct = direct(self.transport)
+        # The first byte's deadline; that byte moves it to the head's (one timer).
+        self._deadline = self.callLater(self.site.limits.head_timeout, self._too_slow)
+        if not bytes_waiting(self._direct):  # else its request is under way, unread
+            self.site.connections.rest(self)
 
     def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Any) -> None:
         """The head as one string: twisted.web hands the transport a sequence of some
@@ -91,12 +104,37 @@ class Channel(ParserRefusals):
     def dataReceived(self, data: bytes) -> None:
         if self._refused:
             return  # drained: the client reads its refusal rather than a reset
-        if self._deadline is None and not self._in_body and not handling_request(self):
+        if self.idle:
+            self.site.connections.busy(self)
+        if self._silent:
+            self._silent = False
+            if self._deadline is not None:
+                self._deadline.reset(self.site.limits.head_timeout)
+        elif self._deadline is None and not self._in_body and not handling_request(self):
             self._deadline = self.callLater(self.site.limits.head_timeout, self._too_slow)
         _data_received(self, data)
         # A body that came whole with its head needs no timer; one still due gets one.
         if self._in_body and self._body_timer is None and not self._refused:
             self._body_timer = self.callLater(self.site.limits.body_timeout, self._body_too_slow)
+
+    def headerReceived(self, line: bytes) -> bool:
+        if line[:1] in TE_STARTS and door.not_chunked(line):
+            self.refuse(door.NOT_CHUNKED)
+            return False
+        return bool(super().headerReceived(line))
+
+    def requestDone(self, request: Any) -> None:
+        super().requestDone(request)
+        # Between requests, once nothing of the next one has come (pipelined bytes are
+        # read by now): idle, until its next byte.
+        if (
+            self.persistent
+            and not self.requests
+            and self._deadline is None
+            and not self._in_body
+            and not self._refused
+        ):
+            self.site.connections.rest(self)
 
     def lineReceived(self, line: bytes) -> None:
         # A folded line (door.folded, inlined: this runs for every line of every head)
@@ -136,6 +174,8 @@ class Channel(ParserRefusals):
             return
         self._refused = True
         self.site.refused_requests[refusal.status, refusal.error] += 1
+        if self.idle:
+            self.site.connections.busy(self)
         self._in_body = False
         self._stop_deadline()
         stop(self._body_timer)
@@ -153,16 +193,27 @@ class Channel(ParserRefusals):
         else:
             transport.loseConnection()
         self._linger = self.callLater(LINGER, transport.abortConnection)
+        if refusal is door.NO_REQUEST:
+            return  # no request to log: it is counted
         path = target.partition(b"?")[0]
         status = refusal.status
         record = RequestRecord("-", None, status, 0.0, method=method, path=path, refused=True)
         self.site.observer.request_done(record)
 
+    def give_way(self) -> None:
+        """Close this idle connection for a new one (the site has forgotten it): its
+        client, if it comes back, reconnects. What it has still to read of its last
+        answer is sent first, for up to twisted.web's ``abortTimeout``."""
+        self._stop_deadline()
+        transport: Any = self.transport
+        transport.loseConnection()
+        self._linger = self.callLater(self.abortTimeout or LINGER, transport.abortConnection)
+
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._stop_deadline()
         stop(self._body_timer)
         stop(self._linger)
-        self.site.channels.discard(self)
+        self.site.connections.forget(self)
         super().connectionLost(reason)
 
     def _stop_deadline(self) -> None:
@@ -171,7 +222,7 @@ class Channel(ParserRefusals):
 
     def _too_slow(self) -> None:
         self._deadline = None
-        self.refuse(door.HEAD_TOO_SLOW)
+        self.refuse(door.NO_REQUEST if self._silent else door.HEAD_TOO_SLOW)
 
     def _body_too_slow(self) -> None:
         self._body_timer = None
@@ -201,11 +252,12 @@ class Site(server.Site):
     of its own: the proxy logs one line per request when it really ends. Requests for
     any path but ``/_crossbar/`` go straight to ``proxy`` (see ProxyRequest.process).
 
-    ``limits`` caps what clients may hold of it: open connections (past the cap a new
-    one is closed at once), one body's size, the bodies held at once, the time a body
-    may take. ``guard`` says who may come in, from a request's path and headers.
-    ``observer`` is told of each request refused at the door (by default, the access
-    log alone).
+    ``limits`` caps what clients may hold of it: open connections (at the cap the
+    oldest idle one gives way to a new one; with none idle the new one is closed at
+    once), those of one client (past its share a new one is closed at once), one body's
+    size, the bodies held at once, the time a body may take. ``guard`` says who may come
+    in, from a request's path and headers. ``observer`` is told of each request refused
+    at the door (by default, the access log alone).
     """
 
     requestFactory = ProxyRequest
@@ -230,22 +282,32 @@ class Site(server.Site):
         self.guard = guard
         self.draining = False
         """Stopping: see :func:`crossbar.server.door.while_draining`."""
-        self.channels: set[Channel] = set()
-        """The client connections open now (closed one by one when crossbar stops)."""
-        self.refused_connections = 0
-        """Client connections closed at once since start, ``max_connections`` being open."""
+        self.connections = Connections(self.reactor)
+        """The client connections open now, and the caps on them."""
         self.refused_requests: Counter[tuple[int, str]] = Counter()
         """Requests refused from their head, by status and error (a fixed set of words)."""
         self.body_memory = 0
         """Bytes of request bodies held now (announced lengths, chunks as they came)."""
         self._prefix = INTERNAL_LISTENER if internal else "crossbar"
-        self._unlogged = 0
-        self._log_call: IDelayedCall | None = None
+
+    @property
+    def channels(self) -> set[Channel]:
+        """The client connections open now (closed one by one when crossbar stops)."""
+        return self.connections.open
 
     @property
     def open_connections(self) -> int:
         """Client connections open now."""
-        return len(self.channels)
+        return len(self.connections.open)
+
+    @property
+    def refused_connections(self) -> int:
+        """Client connections closed at once since start (see :class:`Connections`)."""
+        return self.connections.refused
+
+    @refused_connections.setter
+    def refused_connections(self, count: int) -> None:
+        self.connections.refused = count
 
     def logPrefix(self) -> str:
         return self._prefix
@@ -254,14 +316,11 @@ class Site(server.Site):
         pass
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
-        if len(self.channels) >= self.limits.max_connections:
-            self.refused_connections += 1
-            self._unlogged += 1
-            if self._log_call is None:
-                self._log_refusals()
+        admitted, client = self.connections.admit(addr, self.limits)
+        if not admitted:
             return _Closed()
         channel = super().buildProtocol(addr)
-        self.channels.add(channel)
+        self.connections.add(channel, client)
         return channel
 
     def hold(self, size: int) -> Refusal | None:
@@ -275,20 +334,5 @@ class Site(server.Site):
         return None
 
     def stopFactory(self) -> None:
-        stop(self._log_call)
-        self._log_call = None
+        self.connections.stop()
         super().stopFactory()
-
-    def _log_refusals(self) -> None:
-        """At most one line per REFUSALS_LOGGED_EVERY seconds, however many are refused."""
-        self._log_call = None
-        if not self._unlogged:
-            return
-        count, self._unlogged = self._unlogged, 0
-        log.warn(
-            "refused {count} client connection{s}: {limit} open, the max_connections limit",
-            count=count,
-            s="" if count == 1 else "s",
-            limit=self.limits.max_connections,
-        )
-        self._log_call = self.reactor.callLater(REFUSALS_LOGGED_EVERY, self._log_refusals)
