@@ -22,7 +22,7 @@ import pytest_twisted
 import treq
 from treq.testing import StubTreq
 
-from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret
+from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret, load_config
 from crossbar.testing import Rig, RigMaker, SimulatedHost, broken, eventually, guard, rigs
 from crossbar.testing.rig import wait_state
 from tests.support import REPO, TWISTD, Daemon, free_port, start_daemon, start_simulator
@@ -530,3 +530,40 @@ async def test_reloaded_limits_hold_for_the_next_request(make: RigMaker) -> None
     rig.reload(attrs.evolve(config, limits=attrs.evolve(config.limits, max_body=10)))
     answer, body = await rig.post(CHAT, ASK)
     assert (answer.code, json.loads(body)) == (413, {"error": "body too large"})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_reload_never_shows_a_url_password(make: RigMaker, tmp_path: Path) -> None:
+    """Audit finding 10: a password holding ``/``, ``?``, ``#`` or ``@`` in a reloaded
+    file's host ``url`` reached the log line, the POST's answer and the status page."""
+    rig = await make(
+        {"gpu-a": SimulatedHost()},
+        adjust=lambda c: attrs.evolve(c, status_keys=(Secret(b"k"),)),
+    )
+    path = tmp_path / "crossbar.yaml"
+    path.write_text(
+        "hosts: {gpu-a: {url: 'https://admin:Zq7/Wv9?K#x@y@gpu-a.lab:8443'}}\n"
+        "routes: {lab: {hosts: [gpu-a]}}\n"
+    )
+    rig.crossbar.load = lambda: load_config(path)
+    reason = (
+        f"{path}: hosts.gpu-a.url: must not carry credentials (give the host an api_key): "
+        "'https://admin:****@gpu-a.lab:8443'"
+    )
+    pages = StubTreq(rig.crossbar.status.resource())
+    answer = await pages.post("http://crossbar/reload")
+    body = (await treq.content(answer)).decode()
+    assert answer.code == 400
+    assert json.loads(body)["reason"] == f"reload refused, the config in force stays: {reason}"
+    status = (await pages.get("http://crossbar/status")).content
+    shown = {
+        "answer": body,
+        "log": "\n".join(rig.logs.lines),
+        "status": (await status()).decode(),
+        "page": (await treq.content(await pages.get("http://crossbar/"))).decode(),
+    }
+    assert reason in shown["log"]
+    assert json.loads(shown["status"])["reloads"]["last_refused"]["reason"] == reason
+    assert "must not carry credentials" in shown["page"]
+    for where, text in shown.items():
+        assert not any(part in text for part in ("Zq7", "Wv9", "K#x")), where
