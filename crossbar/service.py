@@ -29,10 +29,10 @@ from crossbar.fleet import Observers
 from crossbar.hosts import Hosts, log_transition
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
-from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
+from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
 from crossbar.server.context import ProxyContext
 from crossbar.server.draining import count_requests, drain
-from crossbar.server.keys import KeyGuard, Pages
+from crossbar.server.keys import KeyGuard, Pages, Peers
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import ProxyResource, RootResource
 from crossbar.server.site import Site
@@ -107,11 +107,11 @@ class Crossbar(MultiService):
             # A private loopback port where the other workers ask for this one's metrics.
             admin = Resource()
             admin.putChild(b"_crossbar", status_root)
-            # Guarded like the pages: any local user can reach a loopback port.
+            # Any local user can reach a loopback port: only the peers' secret comes in.
             private = Listener(
                 TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
                 self._guard(
-                    "only",
+                    Peers(peer_secret(worker)),
                     admin,
                     internal=True,
                     timeout=30,
@@ -255,11 +255,8 @@ class Crossbar(MultiService):
             log.info("{line}", line=line)
 
     def _all_metrics(self, worker: WorkerInfo) -> Deferred[bytes]:
-        keys = self.config.status_keys
         own = self.metrics.render()
-        return Deferred.fromCoroutine(
-            gather_metrics(worker, own, self.hosts.client, keys[0] if keys else None)
-        )
+        return Deferred.fromCoroutine(gather_metrics(worker, own, self.hosts.client))
 
 
 def _endpoint(reactor: Any, listen: str, shared: bool) -> IStreamServerEndpoint:

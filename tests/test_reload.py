@@ -567,3 +567,35 @@ async def test_a_refused_reload_never_shows_a_url_password(make: RigMaker, tmp_p
     assert "must not carry credentials" in shown["page"]
     for where, text in shown.items():
         assert not any(part in text for part in ("Zq7", "Wv9", "K#x")), where
+
+
+def test_a_refused_file_is_refused_by_whichever_worker_takes_the_post(
+    tmp_path: Path, two_hosts: tuple[Daemon, Daemon]
+) -> None:
+    """Audit finding 9: a worker other than worker 0 passed the request on and answered
+    200 ``"reloaded": true`` for a file that worker 0 then refused (2 of 6 times)."""
+    fleet = _start_fleet(tmp_path, two_hosts, workers=2, more="status_keys: [admin-key]\n")
+    daemon = fleet.daemon
+    try:
+        assert daemon.wait(lambda: "[worker-1]" in daemon.output(), 20), daemon.log()
+        _rewrite(tmp_path / "crossbar.yaml", fleet.yaml("gpu-x"))
+        answers = []
+        for _ in range(12):  # new connections: the kernel spreads them over both workers
+            request = urllib.request.Request(
+                daemon.url + "/_crossbar/reload",
+                data=b"",
+                headers={"Authorization": "Bearer admin-key"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=15) as answer:
+                    answers.append((answer.status, json.loads(answer.read())))
+            except urllib.error.HTTPError as e:
+                answers.append((e.code, json.loads(e.read())))
+        reason = (
+            "reload refused, the config in force stays: crossbar.yaml: "
+            "routes.lab.hosts: item 0: unknown host 'gpu-x'"
+        )
+        assert answers == [(400, {"error": "reload refused", "reason": reason})] * 12
+        assert _post(daemon.url, CHAT, ASK)[0] == 200  # the config in force serves
+    finally:
+        assert daemon.stop() == 0
