@@ -26,6 +26,7 @@ from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret
 from crossbar.testing import Rig, RigMaker, SimulatedHost, broken, eventually, guard, rigs
 from crossbar.testing.rig import wait_state
 from tests.support import REPO, TWISTD, Daemon, free_port, start_daemon, start_simulator
+from tests.test_tap import ENV
 
 CHAT = "/lab/v1/chat/completions"
 ASK = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
@@ -473,7 +474,7 @@ def test_the_units_reload_checks_the_file_before_the_signal(
             command = command.replace("/opt/crossbar/.venv/bin/twistd", TWISTD)
             command = command.replace("/etc/crossbar/crossbar.yaml", str(config))
             command = command.replace("$MAINPID", str(daemon.proc.pid))
-            done = subprocess.run(shlex.split(command), cwd=tmp_path, capture_output=True)
+            done = subprocess.run(shlex.split(command), cwd=tmp_path, capture_output=True, env=ENV)
             if done.returncode:
                 return done.returncode
         return 0
