@@ -29,11 +29,11 @@ from crossbar.fleet import Observers
 from crossbar.hosts import Hosts
 from crossbar.pages.app import StatusApp
 from crossbar.pages.metrics import Metrics
-from crossbar.pages.peers import WorkerInfo, gather_metrics, publish_port
+from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
 from crossbar.server.accesslog import AccessLog
 from crossbar.server.context import ProxyContext
 from crossbar.server.draining import count_requests
-from crossbar.server.front import FrontDoor, PageResources
+from crossbar.server.front import FrontDoor, PageResources, Private
 from crossbar.server.resources import ProxyResource
 from crossbar.upstream.failures import describe
 
@@ -69,10 +69,10 @@ class Crossbar(MultiService):
         self.proxy = ProxyResource(self._context(config))
         self.status = self._status_app(config, reactor, worker)
         shared = worker is not None or config.listen_reuse_port
-        private = None if worker is None else _publish(worker)
+        private = None if worker is None else _private(worker)
         pages = PageResources(self.status.resource(), self.status.probes(), self.status.own_root())
         door = FrontDoor(config, reactor, self.proxy, pages, self._observer, shared=shared,
-                         private_port=private)  # fmt: skip
+                         private=private)  # fmt: skip
         self.door, self.site, self.listener = door, door.site, door.listener
         self.status_listener = door.status_listener
         self.metrics.count_connections(self.site)
@@ -196,11 +196,8 @@ class Crossbar(MultiService):
             log.info("{line}", line=line)
 
     def _all_metrics(self, worker: WorkerInfo) -> Deferred[bytes]:
-        keys = self.config.status_keys
         own = self.metrics.render()
-        return Deferred.fromCoroutine(
-            gather_metrics(worker, own, self.hosts.client, keys[0] if keys else None)
-        )
+        return Deferred.fromCoroutine(gather_metrics(worker, own, self.hosts.client))
 
 
 def _said(result: Reloaded) -> Reloaded:
@@ -212,9 +209,11 @@ def _said(result: Reloaded) -> Reloaded:
     return result
 
 
-def _publish(worker: WorkerInfo) -> Callable[[IListeningPort], object]:
-    """Where a worker's private port is written, for the other workers to find it."""
-    return lambda port: publish_port(port, worker.port_file(worker.index))
+def _private(worker: WorkerInfo) -> Private:
+    """A worker's private port: only its peers come in (the run's secret), and its port is
+    written where they find it."""
+    where = worker.port_file(worker.index)
+    return Private(peer_secret(worker), lambda port: publish_port(port, where))
 
 
 def _port(port: IListeningPort | None) -> int | None:

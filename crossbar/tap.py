@@ -166,13 +166,14 @@ def _with_workers(
     import shutil
     import tempfile
 
-    from crossbar.pages.peers import WorkerInfo
+    from crossbar.pages.peers import WorkerInfo, peer_secret
     from crossbar.service import Crossbar
     from crossbar.workers import WorkerProcesses
 
     run_dir = tempfile.mkdtemp(prefix="crossbar-workers-")
     reactor.addSystemEventTrigger("after", "shutdown", shutil.rmtree, run_dir, True)
     info = WorkerInfo(0, config.workers, run_dir)
+    peer_secret(info)  # made now, mode 0600, before any port opens or worker starts
     return Crossbar(config, reactor, worker=info, load=load), WorkerProcesses(
         reactor, str(Path(path).resolve()), info, config.drain_timeout
     )

@@ -412,7 +412,7 @@ async def test_workers_gather_each_other_s_metrics_with_the_status_key(
     tmp_path: Path, reactor: Any
 ) -> None:
     """Two workers in this process share the port and the pages' port; each one's private
-    loopback port wants the status key too, and the gatherer shows it."""
+    loopback port wants the run's secret, and the gatherer shows it."""
     sim = SimulatedHost({"tiny-a": "loaded"})
     await sim.listen(0, "127.0.0.1")
     port, status_port = free_port(), free_port()
@@ -437,11 +437,64 @@ async def test_workers_gather_each_other_s_metrics_with_the_status_key(
         merged = (await guard(treq.content(response), 10)).decode()
         assert response.code == 200
         assert 'worker="0"' in merged and 'worker="1"' in merged
-        # A peer's private port refuses anyone without a status key.
+        # A peer's private port refuses anyone without the run's secret.
         private = int((tmp_path / "worker-1.port").read_text())
         response = await guard(client.get(f"http://127.0.0.1:{private}/_crossbar/metrics"), 10)
         await treq.content(response)
         assert response.code == 401
+    finally:
+        for worker in workers:
+            await worker.stopService()
+        await sim.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_private_port_wants_the_run_s_secret_even_with_open_pages(
+    tmp_path: Path, reactor: Any
+) -> None:
+    """Audit finding 11: with ``status_listen`` and no ``status_keys``, each worker's private
+    loopback port served the pages and ``POST /reload`` to any local user. It now wants
+    the secret that worker 0 wrote (mode 0600) before any port opened."""
+    sim = SimulatedHost({"tiny-a": "loaded"})
+    await sim.listen(0, "127.0.0.1")
+    status_port = free_port()
+    config = Config(
+        listen=f"tcp:{free_port()}:interface=127.0.0.1",
+        status_listen=f"tcp:{status_port}:interface=127.0.0.1",
+        hosts={"gpu-a": HostConfig("gpu-a", sim.url)},
+        routes={"lab": RouteConfig("lab", ("gpu-a",), None)},
+        defaults=FAST,
+        workers=2,
+    )
+    workers = [Crossbar(config, reactor, WorkerInfo(i, 2, str(tmp_path))) for i in (0, 1)]
+    secret_file = tmp_path / "peers.secret"
+    made_before_any_port = secret_file.exists()
+    for worker in workers:
+        worker.load = lambda: config
+    client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+
+    async def ask(method: str, port: int, path: str, key: str | None = None) -> tuple[int, Any]:
+        headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+        url = f"http://127.0.0.1:{port}/_crossbar/{path}"
+        response = await guard(client.request(method, url, headers=headers), 10)
+        body = await guard(treq.content(response), 10)
+        return response.code, json.loads(body) if path != "metrics" else body.decode()
+
+    try:
+        for worker in workers:
+            worker.startService()
+        await turns()
+        for index in (0, 1):
+            private = int((tmp_path / f"worker-{index}.port").read_text())
+            for method, path in [("GET", "status"), ("POST", "reload"), ("GET", "livez")]:
+                assert await ask(method, private, path) == (401, {"error": "unauthorized"})
+                assert (await ask(method, private, path, "a-guess"))[0] == 401
+            assert made_before_any_port
+            assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
+            assert (await ask("GET", private, "status", secret_file.read_text()))[0] == 200
+        code, merged = await ask("GET", status_port, "metrics")  # open pages: no key
+        assert code == 200
+        assert 'worker="0"' in merged and 'worker="1"' in merged  # peers show the secret
     finally:
         for worker in workers:
             await worker.stopService()

@@ -4,6 +4,9 @@ for the peers."""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,15 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.logger import LogLevel
 
-from crossbar.config import Secret
-from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_ports, publish_port
+from crossbar.pages.peers import (
+    SECRET_FILE,
+    WorkerInfo,
+    gather_metrics,
+    peer_ports,
+    peer_secret,
+    publish_port,
+    relay_reload,
+)
 from crossbar.testing import LogCapture
 
 
@@ -104,6 +114,9 @@ class FakeClient:
         self.asked: list[tuple[str, float]] = []
         self.headers: list[Any] = []
 
+    def post(self, url: str, *, timeout: float, headers: Any = None) -> Deferred[Any]:
+        return self.get(url, timeout=timeout, headers=headers)
+
     def get(self, url: str, *, timeout: float, headers: Any = None) -> Deferred[Any]:
         self.asked.append((url, timeout))
         self.headers.append(headers)
@@ -146,15 +159,72 @@ async def test_gather_merges_its_own_metrics_with_the_peers(tmp_path: Path) -> N
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_status_key_is_shown_to_every_peer(tmp_path: Path) -> None:
-    """A peer's private port wants a status key when the pages do."""
+async def test_the_run_s_secret_is_shown_to_every_peer(tmp_path: Path) -> None:
+    """A peer's private port wants the run's secret, whatever keys the config has."""
     info = workers(tmp_path, {0: 40100, 3: 40103})
     client = FakeClient({40100: FakeResponse(exposition(5)), 40103: FakeResponse(exposition(7))})
-    await gather_metrics(info, exposition(3), client, Secret(b"st-1"))
-    assert client.headers == [{b"Authorization": [b"Bearer st-1"]}] * 2
-    client = FakeClient({40100: FakeResponse(exposition(5)), 40103: FakeResponse(exposition(7))})
     await gather_metrics(info, exposition(3), client)
-    assert client.headers == [{}] * 2
+    secret = (tmp_path / SECRET_FILE).read_bytes()
+    assert client.headers == [{b"Authorization": [b"Bearer " + secret]}] * 2
+
+
+def test_the_secret_is_made_once_for_the_run_and_only_its_user_reads_it(tmp_path: Path) -> None:
+    """Audit finding 11: the file the private ports' secret is read from, made by the
+    first worker to ask (worker 0, before any port opens), the others reading it."""
+    first = peer_secret(WorkerInfo(0, 3, str(tmp_path)))
+    path = tmp_path / SECRET_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(first.value) >= 40  # 32 random bytes, as URL-safe text
+    assert peer_secret(WorkerInfo(2, 3, str(tmp_path))) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SECRET_FILE]  # no scratch file left
+    assert first.value.decode() not in repr(first)
+    other = tmp_path / "other"
+    other.mkdir()
+    assert peer_secret(WorkerInfo(0, 3, str(other))) != first  # a run of its own
+
+
+def test_a_secret_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("known-to-someone-else")
+    os.symlink(tmp_path / "elsewhere", tmp_path / SECRET_FILE)
+    with pytest.raises(OSError):
+        peer_secret(WorkerInfo(1, 2, str(tmp_path)))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reload_asked_of_another_worker_is_worker_0_s(tmp_path: Path) -> None:
+    """Audit finding 9: the answer is worker 0's (which reloads them all), asked on its
+    private port with the run's secret, not a yes for having passed the request on."""
+    info = workers(tmp_path, {0: 40100, 3: 40103})
+    refused = {"error": "reload refused", "reason": "reload refused, ...: unknown host 'gpu-x'"}
+    client = FakeClient({40100: FakeResponse(json.dumps(refused).encode(), code=400)})
+    assert await relay_reload(info, client) == (400, refused)
+    assert client.asked == [("http://127.0.0.1:40100/_crossbar/reload", 10.0)]
+    secret = (tmp_path / SECRET_FILE).read_bytes()
+    assert client.headers == [{b"Authorization": [b"Bearer " + secret]}]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            ConnectionRefusedError(),
+            "worker 0, which reloads every worker, did not answer: connection refused",
+        ),
+        (FakeResponse(b"<html>"), "worker 0 answered something other than a JSON object"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_reload_worker_0_does_not_confirm_says_so(
+    tmp_path: Path, answer: Any, reason: str
+) -> None:
+    client = FakeClient({40100: answer})
+    not_confirmed = {"error": "reload not confirmed", "reason": reason}
+    assert await relay_reload(workers(tmp_path, {0: 40100}), client) == (502, not_confirmed)
+    unpublished = await relay_reload(workers(tmp_path / "x", {}), FakeClient({}))
+    assert unpublished == (
+        503,
+        {"error": "reload not confirmed", "reason": "worker 0 has not published its port yet"},
+    )
 
 
 @pytest_twisted.ensureDeferred

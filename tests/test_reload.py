@@ -22,10 +22,11 @@ import pytest_twisted
 import treq
 from treq.testing import StubTreq
 
-from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret
+from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret, load_config
 from crossbar.testing import Rig, RigMaker, SimulatedHost, broken, eventually, guard, rigs
 from crossbar.testing.rig import wait_state
 from tests.support import REPO, TWISTD, Daemon, free_port, start_daemon, start_simulator
+from tests.test_tap import ENV
 
 CHAT = "/lab/v1/chat/completions"
 ASK = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
@@ -473,7 +474,7 @@ def test_the_units_reload_checks_the_file_before_the_signal(
             command = command.replace("/opt/crossbar/.venv/bin/twistd", TWISTD)
             command = command.replace("/etc/crossbar/crossbar.yaml", str(config))
             command = command.replace("$MAINPID", str(daemon.proc.pid))
-            done = subprocess.run(shlex.split(command), cwd=tmp_path, capture_output=True)
+            done = subprocess.run(shlex.split(command), cwd=tmp_path, capture_output=True, env=ENV)
             if done.returncode:
                 return done.returncode
         return 0
@@ -530,3 +531,72 @@ async def test_reloaded_limits_hold_for_the_next_request(make: RigMaker) -> None
     rig.reload(attrs.evolve(config, limits=attrs.evolve(config.limits, max_body=10)))
     answer, body = await rig.post(CHAT, ASK)
     assert (answer.code, json.loads(body)) == (413, {"error": "body too large"})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_reload_never_shows_a_url_password(make: RigMaker, tmp_path: Path) -> None:
+    """Audit finding 10: a password holding ``/``, ``?``, ``#`` or ``@`` in a reloaded
+    file's host ``url`` reached the log line, the POST's answer and the status page."""
+    rig = await make(
+        {"gpu-a": SimulatedHost()},
+        adjust=lambda c: attrs.evolve(c, status_keys=(Secret(b"k"),)),
+    )
+    path = tmp_path / "crossbar.yaml"
+    path.write_text(
+        "hosts: {gpu-a: {url: 'https://admin:Zq7/Wv9?K#x@y@gpu-a.lab:8443'}}\n"
+        "routes: {lab: {hosts: [gpu-a]}}\n"
+    )
+    rig.crossbar.load = lambda: load_config(path)
+    reason = (
+        f"{path}: hosts.gpu-a.url: must not carry credentials (give the host an api_key): "
+        "'https://admin:****@gpu-a.lab:8443'"
+    )
+    pages = StubTreq(rig.crossbar.status.resource())
+    answer = await pages.post("http://crossbar/reload")
+    body = (await treq.content(answer)).decode()
+    assert answer.code == 400
+    assert json.loads(body)["reason"] == f"reload refused, the config in force stays: {reason}"
+    status = (await pages.get("http://crossbar/status")).content
+    shown = {
+        "answer": body,
+        "log": "\n".join(rig.logs.lines),
+        "status": (await status()).decode(),
+        "page": (await treq.content(await pages.get("http://crossbar/"))).decode(),
+    }
+    assert reason in shown["log"]
+    assert json.loads(shown["status"])["reloads"]["last_refused"]["reason"] == reason
+    assert "must not carry credentials" in shown["page"]
+    for where, text in shown.items():
+        assert not any(part in text for part in ("Zq7", "Wv9", "K#x")), where
+
+
+def test_a_refused_file_is_refused_by_whichever_worker_takes_the_post(
+    tmp_path: Path, two_hosts: tuple[Daemon, Daemon]
+) -> None:
+    """Audit finding 9: a worker other than worker 0 passed the request on and answered
+    200 ``"reloaded": true`` for a file that worker 0 then refused (2 of 6 times)."""
+    fleet = _start_fleet(tmp_path, two_hosts, workers=2, more="status_keys: [admin-key]\n")
+    daemon = fleet.daemon
+    try:
+        assert daemon.wait(lambda: "[worker-1]" in daemon.output(), 20), daemon.log()
+        _rewrite(tmp_path / "crossbar.yaml", fleet.yaml("gpu-x"))
+        answers = []
+        for _ in range(12):  # new connections: the kernel spreads them over both workers
+            request = urllib.request.Request(
+                daemon.url + "/_crossbar/reload",
+                data=b"",
+                headers={"Authorization": "Bearer admin-key"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=15) as answer:
+                    answers.append((answer.status, json.loads(answer.read())))
+            except urllib.error.HTTPError as e:
+                answers.append((e.code, json.loads(e.read())))
+        reason = (
+            "reload refused, the config in force stays: crossbar.yaml: "
+            "routes.lab.hosts: item 0: unknown host 'gpu-x'"
+        )
+        assert answers == [(400, {"error": "reload refused", "reason": reason})] * 12
+        assert _post(daemon.url, CHAT, ASK)[0] == 200  # the config in force serves
+    finally:
+        assert daemon.stop() == 0

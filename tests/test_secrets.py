@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crossbar.config import Secret, mask_url, matches
-from crossbar.config.secrets import expand
+from crossbar.config.secrets import expand, shown_url
 
 
 def test_a_literal_key_is_kept_as_bytes_and_never_shown() -> None:
@@ -86,7 +86,24 @@ def test_equal_keys_compare_equal_whatever_their_source() -> None:
         ("http://host:8080", "http://host:8080"),
         ("http://user@host", "http://user@host"),
         ("see http://a:b@h and http://c:d@i", "see http://a:****@h and http://c:****@i"),
+        ("'https://u:p/s?s#s@h:1/x' (cannot)", "'https://u:****@h:1/x' (cannot)"),
+        ("https://u:p@ss@h", "https://u:****@h"),
     ],
 )
 def test_urls_are_shown_with_their_password_masked(url: str, shown: str) -> None:
     assert mask_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://u:p/s s'\"@h:1/x", "https://u:****@h:1/x"),
+        ("https://token@h", "https://****@h"),
+        ("https://u/x:p@h", "https://u/x:****@h"),
+        ("http://h:8080/v1", "http://h:8080/v1"),
+        ("no-url@all", "no-url@all"),
+    ],
+)
+def test_one_url_is_quoted_with_all_before_its_last_at_masked(url: str, shown: str) -> None:
+    """A URL quoted whole (in a config error) hides whatever its password holds."""
+    assert shown_url(url) == shown

@@ -8,22 +8,28 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.support import TWISTD
+from tests.support import REPO, TWISTD
+
+ENV = dict(
+    os.environ,
+    LAB_KEY="lab-secret-9",
+    # This checkout's twisted/plugins, as an editable install's twistd does not find it.
+    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+)
 
 
 def check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``twistd crossbar --check`` in ``tmp_path`` with twistd's default pid file, as an
     admin would type it."""
-    env = dict(os.environ, LAB_KEY="lab-secret-9")
+    return run(tmp_path, "crossbar", *args, "--check")
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [TWISTD, "crossbar", *args, "--check"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env=env,
+        [TWISTD, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=ENV
     )
 
 
@@ -76,3 +82,38 @@ def test_the_demo_config_is_checked_without_its_simulated_hosts(tmp_path: Path) 
     assert set(shown["routes"]) == {"opencode", "hermes"}
     assert shown["hosts"]["gpu-a"]["url"] == "http://127.0.0.1"  # none listening: no port
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+START = ("-n", "--pidfile=", "crossbar", "--config", "crossbar.yaml")
+CHECK = ("crossbar", "--config", "crossbar.yaml", "--check")
+
+
+@pytest.mark.parametrize("args", [START, CHECK], ids=["start", "check"])
+def test_a_yaml_error_on_the_last_line_is_one_line_and_exit_code_2(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Audit finding 8: this was an IndexError's traceback and exit code 1, which systemd's
+    ``Restart=on-failure`` answers with a start every 2 s."""
+    (tmp_path / "crossbar.yaml").write_text("hosts: {gpu-a: 'http://h'}\nroutes: [oops\n")
+    result = run(tmp_path, *args)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "crossbar: crossbar.yaml: YAML syntax error: at the end of the file: expected ',' or "
+        "']', but got '<stream end>' (while parsing a flow sequence begun on line 2)\n"
+    )
+
+
+@pytest.mark.parametrize("args", [START, CHECK], ids=["start", "check"])
+def test_a_url_password_never_reaches_the_error_line(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """Audit finding 10: a password holding ``/``, ``?``, ``#`` or ``@`` was quoted whole,
+    twice (urllib's own message repeated its first part). Each one alone: test_config."""
+    (tmp_path / "crossbar.yaml").write_text(
+        "hosts: {gpu-a: {url: 'https://admin:hun/ter?2#x@y@gpu-a.lab:8443'}}\n"
+        "routes: {r: {hosts: [gpu-a]}}\n"
+    )
+    result = run(tmp_path, *args)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "crossbar: crossbar.yaml: hosts.gpu-a.url: must not carry credentials (give the host "
+        "an api_key): 'https://admin:****@gpu-a.lab:8443'\n"
+    )

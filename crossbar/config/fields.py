@@ -8,7 +8,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from crossbar.config.secrets import mask_url
+from crossbar.config.secrets import mask_url, shown_url
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -26,7 +26,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        seconds = float(value) if abs(value) < 2**1023 else float("inf")  # never OverflowError
     elif isinstance(value, str):
         match = _DURATION.fullmatch(value.strip())
         if match is None:
@@ -34,28 +34,34 @@ def parse_duration(value: object) -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     else:
         raise ValueError(f"not a duration: {value!r}")
-    if not seconds > 0 or seconds == float("inf"):
+    if seconds == float("inf"):
+        raise ValueError("is too long")
+    if not seconds > 0:
         raise ValueError(f"must be more than zero, not {value!r}")
     return seconds
 
 
 def parse_url(value: object) -> str:
     """Check an ``http(s)://host[:port][/path]`` base URL; return it without a trailing
-    slash. A URL is only ever quoted with its password masked."""
+    slash. A URL is only ever quoted with what lies before its last ``@`` masked, and
+    urllib's own words (which repeat a password that holds ``/``, ``?``, ``#`` or
+    ``@``) only for a URL without one."""
     if not isinstance(value, str):
         raise ValueError(f"must be a URL string, not {_kind(value)}")
-    shown = mask_url(value)
+    shown = shown_url(value)
+    credentials = "@" in value
     try:
         parts = urlsplit(value)
-        port = parts.port
+        port = None if credentials else parts.port
     except ValueError as e:
-        raise ValueError(f"not a valid URL: {shown!r} ({mask_url(str(e))})") from None
+        why = "" if credentials else f" ({mask_url(str(e))})"
+        raise ValueError(f"not a valid URL: {shown!r}{why}") from None
+    if parts.scheme in ("http", "https") and credentials:
+        raise ValueError(f"must not carry credentials (give the host an api_key): {shown!r}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"must be http(s)://host[:port][/path], not {shown!r}")
     if parts.query or parts.fragment or "?" in value or "#" in value:
         raise ValueError(f"must have no query or fragment: {shown!r}")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"must not carry credentials (give the host an api_key): {shown!r}")
     if port == 0:
         raise ValueError(f"port must be 1-65535: {shown!r}")
     return value.rstrip("/")

@@ -36,7 +36,7 @@ from crossbar.config.model import (
     Limits,
     RouteConfig,
 )
-from crossbar.config.secrets import Secret, expand
+from crossbar.config.secrets import Secret, expand, mask_url
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
@@ -67,12 +67,16 @@ _TOP_KEYS = (
 
 
 class ConfigError(Exception):
-    """A config that cannot be used; ``str()`` is the one line shown to the user."""
+    """A config that cannot be used; ``str()`` is the one line shown to the user.
+
+    Key and problem quote what the file holds, so they are made fit to show here, for
+    every error: a URL's password masked, line breaks and control characters escaped
+    (a key may be ``"a\\nb"``), and at most :data:`MAX_PROBLEM` characters."""
 
     def __init__(self, source: str, key: str, problem: str) -> None:
         self.source = source
-        self.key = key
-        self.problem = problem
+        self.key = key = _fit(key)
+        self.problem = problem = _fit(problem)
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {problem}")
 
@@ -126,6 +130,15 @@ class _Reader:
             return parse(value)
         except ValueError as e:
             raise self.fail(key, str(e)) from None
+
+
+MAX_PROBLEM = 1000
+"""Characters of a key or a problem: a value quoted whole may be a megabyte long."""
+
+
+def _fit(text: str) -> str:
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in mask_url(text))
+    return text if len(text) <= MAX_PROBLEM else text[: MAX_PROBLEM - 3] + "..."
 
 
 def _join(prefix: str, key: str) -> str:
@@ -324,22 +337,56 @@ def load_config(path: str | Path) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(source, "", f"cannot read: {e}") from None
     try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is not None:
-                _no_duplicate_keys(node, "", source)
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
+        data = _document(text, source)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        if mark is not None and "${" in text.splitlines()[mark.line : mark.line + 1][0:1][0]:
-            problem += ' (write a ${VARIABLE} in quotes: ["${VARIABLE}"])'
-        raise ConfigError(source, "", f"YAML syntax error: {line}{problem}") from None
+        raise ConfigError(source, "", f"YAML syntax error: {_yaml_problem(e, text)}") from None
+    except RecursionError:
+        raise ConfigError(source, "", "YAML nested too deeply to read") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        # What PyYAML's constructors let through: a date such as 2024-13-01 (a ValueError
+        # in words), a !!timestamp that is not one, an integer over 4300 digits.
+        raise ConfigError(
+            source, "", f"YAML value that cannot be read: {_value_problem(e)}"
+        ) from None
     return parse_config(data, source, Path(path).parent)
+
+
+def _document(text: str, source: str) -> object:
+    """The YAML document of ``text``, a key written twice refused."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _no_duplicate_keys(node, "", source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(e: yaml.YAMLError, text: str) -> str:
+    """Where and what, in one line: a line of the file, or its end (then where the
+    unclosed part began), and a hint for an unquoted ``${VARIABLE}``."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is None:
+        return problem
+    lines = text.splitlines()
+    if mark.line >= len(lines):  # a file ending in a newline ends after its last line
+        context, begun = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and begun is not None:
+            problem += f" ({context} begun on line {begun.line + 1})"
+        return f"at the end of the file: {problem}"
+    if "${" in lines[mark.line]:
+        problem += ' (write a ${VARIABLE} in quotes: ["${VARIABLE}"])'
+    return f"line {mark.line + 1}: {problem}"
+
+
+def _value_problem(e: Exception) -> str:
+    text = str(e)
+    if "integer string conversion" in text:
+        return "a number of more than 4300 digits"
+    return text if isinstance(e, ValueError) and text else "a tagged value of the wrong form"
 
 
 def _no_duplicate_keys(

@@ -20,7 +20,9 @@ _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN = re.compile(rb"[\x21-\x7e]+")
 """What a key may hold: printable ASCII without spaces, so that it fits a header."""
-_PASSWORD = re.compile(r"(?<=//)([^/@:?#]*):[^/@?#]*@")
+_PASSWORD = re.compile(r"(?<=//)([^/@:?#\s'\"]*):[^\s'\"]*@")
+"""A user name, then a password up to the last ``@`` before a space or a quote: a
+password may hold ``/``, ``?``, ``#`` and ``@``, which end an authority for urllib."""
 
 
 @attrs.frozen(repr=False)
@@ -72,5 +74,17 @@ def matches(offered: bytes, keys: Iterable[Secret]) -> bool:
 
 
 def mask_url(url: str) -> str:
-    """A URL fit to show: ``http://user:****@host`` for one that carries a password."""
+    """A URL fit to show: ``http://user:****@host`` for one that carries a password
+    (every URL of a text, each ending at a space or a quote)."""
     return _PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@", url)
+
+
+def shown_url(url: str) -> str:
+    """One URL fit to quote whole: all between ``//`` and its last ``@`` hidden but a
+    user name before a ``:``, whatever the password holds (spaces and quotes too)."""
+    head, slashes, rest = url.partition("//")
+    userinfo, at, host = rest.rpartition("@")
+    if not slashes or not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    return f"{head}//{user}:{MASK}@{host}" if colon else f"{head}//{MASK}@{host}"

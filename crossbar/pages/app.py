@@ -37,7 +37,7 @@ from crossbar.fleet import (
 from crossbar.fleet.policies import Ask, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
-from crossbar.pages.peers import WorkerInfo
+from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on, rfc3339
 
 
@@ -188,15 +188,19 @@ class StatusApp:
         return self.gather_metrics()
 
     @app.route("/reload", methods=["POST"])
-    def reload_config(self, request: IRequest) -> bytes:
+    def reload_config(self, request: IRequest) -> bytes | Deferred[bytes]:
         """Reload the config, as SIGHUP does. Only where the pages are an admin's: behind
-        ``status_keys``, or on ``status_listen``, a port of their own."""
+        ``status_keys``, or on ``status_listen``, a port of their own. With workers, the
+        answer is worker 0's, which reloads them all."""
         if self.reload is None:
             request.setResponseCode(409)
             return _json(request, {"error": "no config file to reload"})
         if not (self.config.status_keys or self.config.status_listen):
             request.setResponseCode(403)
             return _json(request, {"error": "reload over HTTP needs status_keys or status_listen"})
+        worker = self.about.worker
+        if worker is not None and worker.index != 0:
+            return Deferred.fromCoroutine(self._relayed_reload(request, worker))
         result = self.reload()
         if not result.ok:
             request.setResponseCode(409 if result.conflict else 400)
@@ -204,6 +208,11 @@ class StatusApp:
         return _json(
             request, {"reloaded": True, "changes": result.message, "ignored": list(result.ignored)}
         )
+
+    async def _relayed_reload(self, request: IRequest, worker: WorkerInfo) -> bytes:
+        code, answer = await relay_reload(worker)
+        request.setResponseCode(code)
+        return _json(request, answer)
 
     @app.route("/livez", methods=["GET"])
     def livez(self, request: IRequest) -> bytes:

@@ -22,11 +22,11 @@ from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.web.resource import IResource, Resource
 
-from crossbar.config import Config, Limits
+from crossbar.config import Config, Limits, Secret
 from crossbar.config.fields import shown_listen
 from crossbar.fleet import ProxyObserver
 from crossbar.server.draining import drain
-from crossbar.server.keys import KeyGuard, Pages
+from crossbar.server.keys import KeyGuard, Pages, Peers
 from crossbar.server.listening import Listener, ReusePortEndpoint
 from crossbar.server.resources import RootResource
 from crossbar.server.site import Site
@@ -48,10 +48,20 @@ class PageResources:
     """The root of the pages' own port."""
 
 
+@attrs.frozen
+class Private:
+    """A worker's private port (``workers: N``)."""
+
+    secret: Secret
+    """The run's secret: only the worker's peers come in, whatever keys the config has."""
+    listening: Callable[[IListeningPort], object]
+    """Called with the port once it is open (to say where it is)."""
+
+
 class FrontDoor(MultiService):
     """The sites, their guards and their listeners. ``shared``: the ports are shared
     with other processes (workers, an upgrade's new crossbar) through ``SO_REUSEPORT``;
-    ``private_port`` (with workers) is called with the private port once it is open."""
+    ``private``: with workers, the private port."""
 
     def __init__(
         self,
@@ -62,7 +72,7 @@ class FrontDoor(MultiService):
         observer: ProxyObserver,
         *,
         shared: bool = False,
-        private_port: Callable[[IListeningPort], object] | None = None,
+        private: Private | None = None,
     ) -> None:
         super().__init__()
         self._config = config
@@ -76,17 +86,16 @@ class FrontDoor(MultiService):
         self.site = self._site("probes" if own_pages else "all", root, proxy=proxy)
         self.sites = [self.site]
         """The sites that serve clients: the config's limits, and drained on a stop."""
-        if private_port is not None:
+        if private is not None:
             admin = Resource()
             admin.putChild(b"_crossbar", pages.all)
-            private = Listener(
-                TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"),
-                self._site(
-                    "only", admin, internal=True, timeout=PRIVATE_IDLE_TIMEOUT, limits=Limits()
-                ),
+            peers = Peers(private.secret)
+            site = self._site(
+                peers, admin, internal=True, timeout=PRIVATE_IDLE_TIMEOUT, limits=Limits()
             )
-            private.setServiceParent(self)
-            private.listening.addCallback(private_port)
+            port = Listener(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), site)
+            port.setServiceParent(self)
+            port.listening.addCallback(private.listening)
         self.status_listener: Listener | None = None
         if config.status_listen is not None:
             # Started before the main port, so that the announcement knows both.

@@ -25,7 +25,17 @@ UNAUTHORIZED = Refusal(401, "unauthorized", headers=((b"WWW-Authenticate", b"Bea
 STATUS = b"_crossbar"
 PROBES = frozenset({b"/_crossbar/livez", b"/_crossbar/readyz"})
 """Open to all, whatever the keys: a load balancer asks them without one."""
-Pages = Literal["all", "probes", "only"]
+
+
+@attrs.frozen
+class Peers:
+    """A worker's private port (``workers: N``), where only its peers come: every path,
+    the probes too, wants the run's ``secret``, whatever keys the config has."""
+
+    secret: Secret
+
+
+Pages = Literal["all", "probes", "only"] | Peers
 """What ``/_crossbar/`` is on a listener (see :class:`KeyGuard`)."""
 
 
@@ -57,7 +67,8 @@ class KeyGuard:
     ``/_crossbar/`` is on this listener: ``"all"`` (the status pages, behind
     ``status`` keys), ``"probes"`` (only livez and readyz: nothing to guard) or
     ``"only"`` (a listener of the pages alone, where every path needs a status key
-    but the probes: it serves no route, and its paths are walked decoded).
+    but the probes: it serves no route, and its paths are walked decoded), or
+    :class:`Peers` (a worker's private port: every path needs its secret).
     """
 
     routes: Mapping[bytes, tuple[Secret, ...]]
@@ -72,6 +83,8 @@ class KeyGuard:
 
     @classmethod
     def for_config(cls, config: Config, pages: Pages = "all") -> KeyGuard:
+        if isinstance(pages, Peers):
+            return cls({}, (pages.secret,), pages)
         routes = {name.encode("ascii"): route.api_keys for name, route in config.routes.items()}
         return cls(routes, config.status_keys, pages)
 
@@ -82,6 +95,8 @@ class KeyGuard:
         return pages_guarded or (self.pages != "only" and bool(self.any_route))
 
     def __call__(self, path: bytes, headers: RawHeaders) -> Refusal | None:
+        if isinstance(self.pages, Peers):
+            return None if holds_key(headers, self.status) else UNAUTHORIZED
         if self.pages == "only":
             return self._status(path, headers)
         segment = path[1:].partition(b"/")[0]
