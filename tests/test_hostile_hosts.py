@@ -444,6 +444,28 @@ async def test_half_a_million_ids_leave_livez_and_the_pages_quick(hosts: Fixture
     await still_serving(rig)
 
 
+@pytest_twisted.ensureDeferred
+async def test_half_a_million_ids_new_on_every_poll_are_read_once_a_minute(
+    hosts: Fixture,
+) -> None:
+    """A host that sends a different 8 MiB list on every poll: read at the first poll,
+    then not again within REREAD_SECONDS, so polls cost livez little."""
+    lists = [ok(short_ids(520_000)), ok(short_ids(520_000).replace(b'"0', b'"9', 1))]
+    host = Hostile(v1_models=lambda n: lists[n % 2])
+    rig = await hosts.rig(host, poll_interval=0.1)
+    first = rig.state("evil").known
+    assert "900000" in first  # the second list, asked first
+    polls, worst = rig.state("evil").polls, 0.0
+    while rig.state("evil").polls < polls + 5:
+        started = time.perf_counter()
+        response, _ = await rig.get("/_crossbar/livez")
+        worst = max(worst, time.perf_counter() - started)
+        assert response.code == 200
+    print(f"livez answered within {worst * 1000:.0f} ms during 5 polls of new lists")
+    assert worst < 0.3
+    assert rig.state("evil").healthy and rig.state("evil").known == first  # not read again
+
+
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 @pytest_twisted.ensureDeferred
 async def test_a_model_list_over_8_mib_is_refused_unread(hosts: Fixture, framing: str) -> None:

@@ -465,3 +465,38 @@ def test_ids_with_control_characters_are_dropped_and_said_so() -> None:
     assert doc["models_note"] == "2 model ids dropped (over 256 bytes, or with a control character)"
     assert doc["models_listed"] == 3
     assert not any(c in json.dumps(doc, ensure_ascii=False) for c in "\x1b\r")
+
+
+def test_a_long_list_that_changes_is_read_at_most_once_a_minute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading 8 MiB of tiny entries holds the reactor for up to a second: a host that
+    sends a new long list on every poll gets it read once in ``REREAD_SECONDS``."""
+    read: list[bytes] = []
+    real = poller_module.read_models
+    monkeypatch.setattr(poller_module, "read_models", lambda body: read.append(body) or real(body))
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    pad = "x" * poller_module.REREAD_BYTES
+
+    def answer(model: str) -> tuple[int, bytes]:
+        return 200, json.dumps({"data": [{"id": model}], "pad": pad}).encode()
+
+    host.models = answer("m0")
+    rig.poll("gpu-a")
+    for n in range(1, 5):
+        host.models = answer(f"m{n}")
+        rig.clock.advance(5)
+        rig.poll("gpu-a")
+    assert len(read) == 1 and rig.state("gpu-a").known == ("m0",)
+    assert rig.state("gpu-a").healthy and rig.state("gpu-a").polls == 5
+    rig.clock.advance(poller_module.REREAD_SECONDS)
+    rig.poll("gpu-a")
+    assert len(read) == 2 and rig.state("gpu-a").known == ("m4",)
+
+    host.models = (200, b'{"data": [1]}' + b" " * 100)  # short: read when it changes
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").last_err == "models: bad answer: a data entry is not an object"
+    rig.poll("gpu-a")  # the same bad answer: not read again, the same reason
+    assert len(read) == 3
+    assert rig.state("gpu-a").last_err == "models: bad answer: a data entry is not an object"

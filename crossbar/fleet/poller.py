@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from hashlib import blake2b
 from typing import Any, Protocol
 
+import attrs
 import treq
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
@@ -34,6 +35,11 @@ from crossbar.upstream.failures import describe, is_cancellation, stop_producing
 
 MAX_POLL_BODY = 8 * 1024 * 1024
 """Largest answer a poll reads: a model list is a few KiB (100,000 models, about 5 MiB)."""
+REREAD_BYTES = 1024 * 1024
+REREAD_SECONDS = 60.0
+"""A model list answer over :data:`REREAD_BYTES` (a lab's is tens of KiB) that changed is
+read at most once in this time: reading 8 MiB of tiny entries holds the reactor for up
+to a second, and a host could send a new one on every poll."""
 _CHECKS = {"health": "health check", "models": "model list"}
 
 
@@ -128,6 +134,16 @@ def _authorization(keys: Mapping[str, Secret] | None) -> dict[str, _Headers]:
     }
 
 
+@attrs.frozen
+class _Read:
+    """One host's model list answer as last read: its digest, when, and what it gave."""
+
+    digest: bytes
+    at: float
+    models: ModelList | None
+    error: str = ""
+
+
 class PollError(Exception):
     """A poll failed; ``str()`` is the ``last_err`` text."""
 
@@ -154,8 +170,8 @@ class Poller(Service):
         self._client = client
         self._clock = clock
         self._headers = _authorization(keys)
-        self._lists: dict[str, tuple[bytes, ModelList]] = {}
-        """Each host's last model list read, by the digest of its answer."""
+        self._lists: dict[str, _Read] = {}
+        """What each host's last model list read gave, by the digest of its answer."""
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -260,16 +276,21 @@ class Poller(Service):
             self.table.record_ok(name, models.loaded, models.known, listed=listed, note=note)
 
     def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
-        """The host's list: the last one read when the answer is the same to the byte."""
+        """The host's list: what the last one read gave when the answer is the same to
+        the byte, or when it is long and was read less than :data:`REREAD_SECONDS` ago."""
+        now = self._clock.seconds()
         last = self._lists.get(name)
-        if last is not None and last[0] == digest:
-            return last[1]
-        try:
-            models = read_models(body)
-        except ValueError as e:
-            raise PollError(f"models: bad answer: {e}") from None
-        self._lists[name] = (digest, models)
-        return models
+        if last is None or (
+            last.digest != digest and (len(body) <= REREAD_BYTES or now - last.at >= REREAD_SECONDS)
+        ):
+            try:
+                last = _Read(digest, now, read_models(body))
+            except ValueError as e:
+                last = _Read(digest, now, None, f"models: bad answer: {e}")
+            self._lists[name] = last
+        if last.models is None:
+            raise PollError(last.error)
+        return last.models
 
     async def _get(
         self, name: str, url: str, what: str, timeout: float, digest: _Digest | None = None
