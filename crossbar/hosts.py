@@ -27,7 +27,7 @@ from crossbar.fleet.policies import places_conversations
 from crossbar.fleet.poller import Poller
 from crossbar.fleet.recent import RecentTraffic
 from crossbar.upstream import Upstreams
-from crossbar.upstream.endpoints import make_agent, make_pool
+from crossbar.upstream.endpoints import make_agent, make_agents, make_pool
 
 log = Logger()
 
@@ -57,9 +57,13 @@ class Hosts:
         self.table = HealthTable(config.urls, reactor, settings)
         self.table.on_change(log_transition)
         self.traffic = Traffic(config.hosts, config.routes, _slots(config))
-        self._poll_pool = make_pool(reactor, per_host=1)
-        self.client = self._poll_client(config.hosts)
-        self.poller = Poller(self.table, self.client, reactor, keys=_keys(config.hosts))
+        self._pool = make_pool(reactor, per_host=1)
+        self.client = HTTPClient(make_agent(reactor, self._pool, {}, {}))
+        """treq for crossbar's own asks that are not polls (other workers' metrics)."""
+        self._poll_pools: dict[str, HTTPConnectionPool] = {}
+        """Each host's own pool for its polls, kept while its address and CA stay."""
+        clients = self._poll_clients(config.hosts)
+        self.poller = Poller(self.table, clients, reactor, keys=_keys(config.hosts))
         connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
         self.upstreams = Upstreams(
             reactor,
@@ -69,7 +73,7 @@ class Hosts:
             tls_cas=_cas(config.hosts),
         )
         self.recent = RecentTraffic(config.hosts, reactor, _affine(config))
-        self.closer = _ClosePools(self._poll_pool, self.upstreams)
+        self.closer = _ClosePools([self._pool], self._poll_pools, self.upstreams)
 
     def apply(self, changes: Changes) -> list[str]:
         """Take the hosts and routes of a reloaded config; returns the hosts that left
@@ -91,9 +95,10 @@ class Hosts:
             fresh=fresh,
             keep=leaving,
         )
-        self.client = self._poll_client(hosts)
+        for name in fresh:  # a new address or CA: its kept-alive poll connection goes
+            self._close_poll_pool(name)
         restart = (*fresh, *changes.hosts_retuned)
-        self.poller.set_hosts(self.client, _keys(hosts), restart=restart)
+        self.poller.set_hosts(self._poll_clients(hosts), _keys(hosts), restart=restart)
         self.recent.set_hosts(config.hosts, _affine(config))
         return leaving
 
@@ -101,29 +106,48 @@ class Hosts:
         """A host that left the config has ended its last request: forget it."""
         self._configured.pop(name, None)
         self.poller.forget(name)
+        self._close_poll_pool(name)
         self.table.remove(name)
         self.upstreams.drop(name)
         log.info("host {name} removed: its last request has ended", name=name)
 
-    def _poll_client(self, hosts: Mapping[str, HostConfig]) -> HTTPClient:
-        """treq for the polls, with each host's poll timeout and own CA."""
+    def _poll_clients(self, hosts: Mapping[str, HostConfig]) -> dict[str, HTTPClient]:
+        """treq for the polls, one per host, with its poll timeout and its own CA (never
+        the CA of another host at the same address)."""
         settings = self.table.settings
         timeouts = {name: settings[name].poll_timeout for name in hosts}
         urls = {name: host.url for name, host in hosts.items()}
-        agent = make_agent(self._reactor, self._poll_pool, urls, timeouts, tls_cas=_cas(hosts))
-        return HTTPClient(agent)
+        pools = self._poll_pools
+        for name in urls:
+            if name not in pools:
+                pools[name] = make_pool(self._reactor, per_host=1)
+        agents = make_agents(self._reactor, pools, urls, timeouts, tls_cas=_cas(hosts))
+        return {name: HTTPClient(agent) for name, agent in agents.items()}
+
+    def _close_poll_pool(self, name: str) -> None:
+        pool = self._poll_pools.pop(name, None)
+        if pool is not None:
+            pool.closeCachedConnections()
 
 
 class _ClosePools(Service):
     """Drops kept-alive upstream connections when crossbar stops."""
 
-    def __init__(self, polls: HTTPConnectionPool, upstreams: Upstreams) -> None:
+    def __init__(
+        self,
+        own: Iterable[HTTPConnectionPool],
+        polls: Mapping[str, HTTPConnectionPool],
+        upstreams: Upstreams,
+    ) -> None:
+        self._own = list(own)
         self._polls = polls
         self._upstreams = upstreams
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
-        return DeferredList([self._polls.closeCachedConnections(), self._upstreams.close()])
+        pools = [*self._own, *self._polls.values()]
+        closing = [pool.closeCachedConnections() for pool in pools]
+        return DeferredList([*closing, self._upstreams.close()])
 
 
 def _slots(config: Config) -> dict[str, int]:

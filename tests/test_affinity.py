@@ -11,6 +11,7 @@ import http.client
 import json
 import random
 import re
+import time
 import tracemalloc
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
@@ -23,14 +24,14 @@ import pytest_twisted
 
 from crossbar.config import Config, RouteConfig
 from crossbar.fleet.affinity import (
-    LIVE_SECONDS,
     MAX_CONVERSATIONS,
     RANK_EXACT,
     RANK_MOST,
     Conversations,
     Load,
-    _LiveCounts,
 )
+from crossbar.fleet.lastturns import LIVE_SECONDS
+from crossbar.fleet.lastturns import LiveCounts as _LiveCounts
 from crossbar.fleet.rendezvous import ranked_hosts, rendezvous
 from crossbar.server.shapes import read_conversation
 from crossbar.testing import Reader, RigMaker, SimulatedHost, rigs, wait_state
@@ -731,6 +732,46 @@ def test_fewer_slots_make_a_host_full() -> None:
     table.set_slots({"gpu-a": 3})
     assert table.live("gpu-a", T0 + 1) == 3
     assert not table.has_room("gpu-a", T0 + 1)
+
+
+def crowded_elsewhere(slots: dict[str, int]) -> tuple[Conversations, float]:
+    """A table with 100,000 conversations live on two hosts of another route."""
+    table = Conversations(slots=slots)
+    for n, key in enumerate(keys(MAX_CONVERSATIONS, seed=7)):
+        table.remember(key, ("far-1", "far-2")[n % 2], T0 + n / 1000)
+    return table, T0 + 100
+
+
+def test_a_ranking_reads_only_its_groups_conversations() -> None:
+    """Issue 27 (4): with 100,000 conversations live on other hosts, one ranked request
+    walked all of them (53 ms). 50 ranked requests, each ranking again (a new
+    conversation came), took 2.6 s; now they read only the group's."""
+    slots = dict.fromkeys([*HOSTS, "far-1", "far-2"], 4)
+    table, now = crowded_elsewhere(slots)
+    started = time.perf_counter()
+    hosts = [table.place(key, HOSTS, {}, 1.5, now, turn=3) for key in keys(50, seed=8)]
+    took = time.perf_counter() - started
+    print(f"50 ranked requests took {took * 1000:.1f} ms")
+    assert None not in hosts and len(table) == MAX_CONVERSATIONS
+    assert sum(table.live(h, now) for h in HOSTS) == 50
+    assert sum(table.live(h, now) for h in ("far-1", "far-2")) == MAX_CONVERSATIONS - 50
+    assert took < 1.0
+
+
+def test_a_reload_reads_the_table_only_for_a_host_given_slots() -> None:
+    """Issue 27 (15): every reload counted the whole table again (79 ms at 100,000)."""
+    slots = {"far-1": 4, "far-2": 4}
+    table, now = crowded_elsewhere(slots)
+    table.remember(b"k" * 16, "gpu-a", now)
+    started = time.perf_counter()
+    for n in range(50):
+        table.set_slots(dict(slots))  # a reload that leaves slots as they are
+        table.set_slots({**slots, "gpu-a": 2} if n % 2 else slots)
+    took = time.perf_counter() - started
+    print(f"100 reloads took {took * 1000:.1f} ms")
+    assert took < 0.5  # 8 s before
+    assert table.live("far-1", now) + table.live("far-2", now) == MAX_CONVERSATIONS - 1
+    assert table.live("gpu-a", now) == 1  # counted when given slots
 
 
 def test_live_counts_take_ticks_in_any_order_within_the_window() -> None:

@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from crossbar.config import RouteConfig
+from crossbar.fleet.listing import MAX_MODELS
 from crossbar.fleet.poller import MAX_POLL_BODY
 from crossbar.testing import Rig, RigMaker, SimulatedHost, all_polled, fast, guard, rigs
 from tests.support import header
@@ -213,12 +214,19 @@ class Fixture:
     make: RigMaker
     hostile: list[Hostile] = attrs.Factory(list)
 
-    async def rig(self, host: Hostile, *, up: bool = True, **settings: Any) -> Rig:
+    async def rig(
+        self,
+        host: Hostile,
+        *,
+        up: bool = True,
+        routes: dict[str, RouteConfig] | None = None,
+        **settings: Any,
+    ) -> Rig:
         host.port = reactor_().listenTCP(0, host, interface="127.0.0.1")
         self.hostile.append(host)
         rig = await self.make(
             {"evil": host.url, "good": SimulatedHost()},
-            routes=ROUTES,
+            routes={**ROUTES, **(routes or {})},
             settings={"evil": fast(**settings)},
             up=["evil", "good"] if up else ["good"],
         )
@@ -375,19 +383,87 @@ def model_list(count: int) -> bytes:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_list_of_100000_models_is_accepted(hosts: Fixture) -> None:
+async def test_a_list_of_100000_models_is_accepted_up_to_the_cap(hosts: Fixture) -> None:
     listing = model_list(100_000)
     assert len(listing) < MAX_POLL_BODY
     host = Hostile(v1_models=ok(listing))
     rig = await hosts.rig(host)
     state = rig.state("evil")
-    assert len(state.known) == 100_000 and len(state.loaded) == 3
+    assert len(state.known) == MAX_MODELS and len(state.loaded) == 3
+    assert state.known[-1] == f"model-{MAX_MODELS - 1:06d}"  # the first ones listed
+    assert state.models_note == "lists 100,000 models: only the first 1,000 are used"
     started = time.perf_counter()
     await rig.crossbar.poller.poll_now("evil")
     took = time.perf_counter() - started
     print(f"a poll of {len(listing)} bytes listing 100,000 models took {took * 1000:.0f} ms")
     assert took < 2.0
     await still_serving(rig)
+
+
+def short_ids(count: int) -> bytes:
+    """``count`` ids of six digits, 16 bytes an entry: 520,000 fit in 8 MiB."""
+    entries = b",".join(b'{"id":"%06d"}' % i for i in range(count))
+    return b'{"object":"list","data":[' + entries + b"]}"
+
+
+@pytest_twisted.ensureDeferred
+async def test_half_a_million_ids_leave_livez_and_the_pages_quick(hosts: Fixture) -> None:
+    """Issue 27 (3): 550,000 ids froze crossbar for 2 s on every poll, and the page took
+    36 s. Kept to the first 1,000, read once (later polls bring the same bytes), they
+    cost polls, livez, the page, the status JSON and the merged list little."""
+    listing = short_ids(520_000)
+    assert len(listing) <= MAX_POLL_BODY
+    host = Hostile(v1_models=ok(listing))
+    merged = {"merged": RouteConfig("merged", ("evil",), "000001", list_models="merged")}
+    rig = await hosts.rig(host, routes=merged, poll_interval=0.1)
+    note = "lists 520,000 models: only the first 1,000 are used"
+    state = rig.state("evil")
+    assert state.healthy and len(state.known) == MAX_MODELS and state.models_note == note
+
+    polls, worst, asked = state.polls, 0.0, 0
+    while rig.state("evil").polls < polls + 5:  # half a second of polls of 8 MiB each
+        started = time.perf_counter()
+        response, _ = await rig.get("/_crossbar/livez")
+        worst = max(worst, time.perf_counter() - started)
+        asked += 1
+        assert response.code == 200
+    print(f"livez answered {asked} times within {worst * 1000:.0f} ms during 5 polls")
+    assert worst < 0.3
+
+    for path, shown in [
+        ("/_crossbar/", note.encode()),
+        ("/_crossbar/status", b'"models_note": "%s"' % note.encode()),
+        ("/merged/v1/models", b'"id": "000999"'),
+    ]:
+        started = time.perf_counter()
+        response, body = await rig.get(path)
+        took = time.perf_counter() - started
+        print(f"{path} answered {len(body):,} bytes in {took * 1000:.0f} ms")
+        assert response.code == 200 and shown in body.replace(b'":"', b'": "')
+        assert took < 2.0
+    await still_serving(rig)
+
+
+@pytest_twisted.ensureDeferred
+async def test_half_a_million_ids_new_on_every_poll_are_read_once_a_minute(
+    hosts: Fixture,
+) -> None:
+    """A host that sends a different 8 MiB list on every poll: read at the first poll,
+    then not again within REREAD_SECONDS, so polls cost livez little."""
+    lists = [ok(short_ids(520_000)), ok(short_ids(520_000).replace(b'"0', b'"9', 1))]
+    host = Hostile(v1_models=lambda n: lists[n % 2])
+    rig = await hosts.rig(host, poll_interval=0.1)
+    first = rig.state("evil").known
+    assert "900000" in first  # the second list, asked first
+    polls, worst = rig.state("evil").polls, 0.0
+    while rig.state("evil").polls < polls + 5:
+        started = time.perf_counter()
+        response, _ = await rig.get("/_crossbar/livez")
+        worst = max(worst, time.perf_counter() - started)
+        assert response.code == 200
+    print(f"livez answered within {worst * 1000:.0f} ms during 5 polls of new lists")
+    assert worst < 0.3
+    assert rig.state("evil").healthy and rig.state("evil").known == first  # not read again
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from crossbar.config import RouteConfig
 from crossbar.fleet import HostState
-from crossbar.fleet.listing import merged_listing, parse_models
+from crossbar.fleet.listing import (
+    MAX_ID_BYTES,
+    MAX_MERGED,
+    MAX_MODELS,
+    merged_listing,
+    parse_models,
+    read_models,
+)
 from tests.support import ROUTER_LISTING
 
 
@@ -304,3 +311,45 @@ def test_merged_listing_with_no_healthy_host_is_none() -> None:
 def test_merged_listing_of_healthy_hosts_that_know_nothing_is_empty() -> None:
     states = {"gpu-a": _state("gpu-a", (), ())}
     assert merged_listing(ROUTE, states, now=0) == {"object": "list", "data": []}
+
+
+# -- read_models: what crossbar keeps of a host's list (issue 27, 3 and 14) ----------------------
+
+
+def test_a_list_is_kept_to_its_first_1000_models_and_says_how_many_it_had() -> None:
+    entries = [{"id": f"m{i:06d}", "status": {"value": "loaded"}} for i in range(5000)]
+    models = read_models(body({"data": [{"id": "m000000"}, *entries]}))  # one listed twice
+    assert models.known == tuple(f"m{i:06d}" for i in range(MAX_MODELS))
+    assert models.loaded == models.known
+    assert (models.listed, models.cut, models.dropped) == (5001, True, 0)
+    assert models.note == "lists 5,001 models: only the first 1,000 are used"
+
+
+def test_a_list_within_the_caps_is_kept_whole_with_no_note() -> None:
+    models = read_models(body(ROUTER_LISTING))
+    assert (list(models.loaded), list(models.known)) == parse_models(body(ROUTER_LISTING))
+    assert models.note == ""
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["\x1b[31mred", "cr\rlf", "nul\x00", "del\x7f", "c1\x9b", "m" * (MAX_ID_BYTES + 1), "é" * 129],
+)
+def test_an_id_with_a_control_character_or_over_256_bytes_is_dropped_and_counted(bad: str) -> None:
+    """Raw ESC and CR bytes reached the page, the status JSON and the metrics' labels."""
+    fits = "m" * MAX_ID_BYTES
+    models = read_models(body({"data": [{"id": bad}, {"id": "ok"}, {"id": fits}, {"id": "é"}]}))
+    assert models.known == ("ok", fits, "é")
+    assert models.dropped == 1
+    assert models.note == ("1 model id dropped (over 256 bytes, or with a control character)")
+
+
+def test_merged_listing_lists_at_most_its_cap() -> None:
+    many = tuple(f"m{i:06d}" for i in range(MAX_MODELS))
+    states = {
+        "gpu-a": _state("gpu-a", (), many),
+        "gpu-b": _state("gpu-b", (), tuple(f"n{i:06d}" for i in range(MAX_MODELS))),
+    }
+    listing = merged_listing(ROUTE, states, now=0)
+    assert listing is not None
+    assert [entry["id"] for entry in listing["data"]] == list(many[:MAX_MERGED])

@@ -17,6 +17,7 @@ from twisted.web.resource import Resource
 from crossbar.config import HostSettings
 from crossbar.config.secrets import Secret
 from crossbar.fleet import HealthTable, HostState
+from crossbar.fleet import poller as poller_module
 from crossbar.fleet.poller import MAX_POLL_BODY, Poller
 from tests.support import ROUTER_LISTING
 
@@ -427,3 +428,75 @@ def test_set_hosts_on_a_stopped_poller_polls_nothing_until_it_starts() -> None:
     assert rig.fleet.hosts["gpu-b"].authorization == [b"Bearer sk-lab-7f3a9c"] * 2
     assert rig.state("gpu-a").healthy
     rig.poller.stopService()
+
+
+def test_a_list_the_same_to_the_byte_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27 (3): a long list was read again on every poll, and held the reactor."""
+    read: list[bytes] = []
+    real = poller_module.read_models
+
+    def counted(body: bytes) -> Any:
+        read.append(body)
+        return real(body)
+
+    monkeypatch.setattr(poller_module, "read_models", counted)
+    rig = make_rig("gpu-a")
+    for _ in range(3):
+        rig.poll("gpu-a")
+    assert len(read) == 1 and rig.state("gpu-a").polls == 3
+    assert rig.state("gpu-a").known == ("tiny-a", "tiny-b", "tiny-c", "tiny-d")
+
+    rig.fleet.hosts["gpu-a"].models = (200, b'{"data": [{"id": "tiny-z"}]}')
+    rig.poll("gpu-a")
+    rig.poll("gpu-a")
+    assert len(read) == 2
+    assert rig.state("gpu-a").known == ("tiny-z",)
+
+
+def test_ids_with_control_characters_are_dropped_and_said_so() -> None:
+    """Issue 27 (14): raw ESC and CR reached the page, the status JSON and /metrics."""
+    rig = make_rig("gpu-a")
+    ids = ["\x1b[2J\x1b[31mgpu-a is fine", "tiny-a\r\nX-Evil: 1", "tiny-a"]
+    rig.fleet.hosts["gpu-a"].models = (200, json.dumps({"data": [{"id": i} for i in ids]}).encode())
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert state.healthy and state.known == ("tiny-a",) and state.loaded == ("tiny-a",)
+    doc = state.to_json()
+    assert doc["models_note"] == "2 model ids dropped (over 256 bytes, or with a control character)"
+    assert doc["models_listed"] == 3
+    assert not any(c in json.dumps(doc, ensure_ascii=False) for c in "\x1b\r")
+
+
+def test_a_long_list_that_changes_is_read_at_most_once_a_minute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading 8 MiB of tiny entries holds the reactor for up to a second: a host that
+    sends a new long list on every poll gets it read once in ``REREAD_SECONDS``."""
+    read: list[bytes] = []
+    real = poller_module.read_models
+    monkeypatch.setattr(poller_module, "read_models", lambda body: read.append(body) or real(body))
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    pad = "x" * poller_module.REREAD_BYTES
+
+    def answer(model: str) -> tuple[int, bytes]:
+        return 200, json.dumps({"data": [{"id": model}], "pad": pad}).encode()
+
+    host.models = answer("m0")
+    rig.poll("gpu-a")
+    for n in range(1, 5):
+        host.models = answer(f"m{n}")
+        rig.clock.advance(5)
+        rig.poll("gpu-a")
+    assert len(read) == 1 and rig.state("gpu-a").known == ("m0",)
+    assert rig.state("gpu-a").healthy and rig.state("gpu-a").polls == 5
+    rig.clock.advance(poller_module.REREAD_SECONDS)
+    rig.poll("gpu-a")
+    assert len(read) == 2 and rig.state("gpu-a").known == ("m4",)
+
+    host.models = (200, b'{"data": [1]}' + b" " * 100)  # short: read when it changes
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").last_err == "models: bad answer: a data entry is not an object"
+    rig.poll("gpu-a")  # the same bad answer: not read again, the same reason
+    assert len(read) == 3
+    assert rig.state("gpu-a").last_err == "models: bad answer: a data entry is not an object"

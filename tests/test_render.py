@@ -422,3 +422,22 @@ def test_a_cache_affinity_route_says_how_many_turns_went_home() -> None:
     ) in html
     assert '<span class="muted">no conversation in 5 min</span>' in html
     assert html.count("turns at their home host") == 1
+
+
+def test_a_long_model_list_shows_its_first_ids_a_count_and_what_was_left_out(
+    clock: Clock,
+) -> None:
+    """Issue 27 (3): every id of every host was on the page (37 MB for one host)."""
+    cfg = config({"gpu-a": "http://a"})
+    states = table(cfg, clock)
+    known = [f"m{i:04d}" for i in range(1000)]
+    note = "lists 520,000 models: only the first 1,000 are used"
+    states.record_ok("gpu-a", loaded=known[:3], known=known, listed=520_000, note=note)
+    html = page(cfg, states.snapshot(), clock.seconds())
+    shown = ", ".join(f'<span class="model">{m}</span>' for m in known[: render.PAGE_MODELS])
+    assert (
+        f'<td data-label="Known">{shown}, <span class="muted">and 980 more (1,000 in all)</span>'
+        f'<br /><small class="err">{note}</small></td>'
+    ) in html
+    assert "m0020" not in html
+    assert len(html) < 20_000

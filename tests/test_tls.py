@@ -152,12 +152,16 @@ class Running:
         listen: str = "tcp:0:interface=127.0.0.1",
         when_all_down: WhenAllDown = "fail",
         wait: bool = True,
+        without_ca: tuple[str, ...] = (),
     ) -> Crossbar:
+        """``tls_ca`` for every ``https://`` host but those named in ``without_ca``."""
         config = Config(
             listen=parse_listen(listen),
             defaults=FAST,
             hosts={
-                n: HostConfig(n, u, tls_ca=tls_ca if u.startswith("https") else None)
+                n: HostConfig(
+                    n, u, tls_ca=tls_ca if u.startswith("https") and n not in without_ca else None
+                )
                 for n, u in urls.items()
             },
             routes={"lab": RouteConfig("lab", tuple(urls), "tiny-a", when_all_down=when_all_down)},
@@ -331,6 +335,28 @@ async def test_without_tls_ca_the_system_cas_decide(
     crossbar = await running.crossbar({"gpu-b": host.url})
     state = crossbar.table.get("gpu-b")
     assert state is not None and state.healthy, state
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_is_polled_with_its_own_trust_not_that_of_another_at_its_address(
+    running: Running, pki: Pki
+) -> None:
+    """Issue 27 (13): two names for one address, one with the lab CA and one without. The
+    one without was polled with the other's CA and looked up, while every request to it
+    failed verification. Each is polled with its own trust, on its own connections."""
+    host = await running.https_host(pki.good)
+    urls = {"gpu-a": host.url, "gpu-b": host.url}
+    for order in (["gpu-a", "gpu-b"], ["gpu-b", "gpu-a"]):
+        crossbar = await running.crossbar(
+            {n: urls[n] for n in order}, tls_ca=pki.ca, without_ca=("gpu-b",)
+        )
+        for _ in range(2):  # and again, once a kept-alive poll connection could be reused
+            await crossbar.hosts.poller.poll_now("gpu-a")
+            await crossbar.hosts.poller.poll_now("gpu-b")
+            a, b = crossbar.table.get("gpu-a"), crossbar.table.get("gpu-b")
+            assert a is not None and a.healthy, a
+            assert b is not None and not b.healthy
+            assert b.last_err == "health: TLS: certificate verify failed"
 
 
 @pytest_twisted.ensureDeferred

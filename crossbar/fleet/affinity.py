@@ -51,6 +51,13 @@ from typing import Literal
 
 import attrs
 
+from crossbar.fleet.lastturns import (
+    BUCKET_SECONDS,
+    BUCKETS,
+    NEVER,
+    HostOrder,
+    LiveCounts,
+)
 from crossbar.fleet.rendezvous import ranked_hosts, rendezvous, take_slot
 
 AffinityOutcome = Literal["new", "home", "moved"]
@@ -59,11 +66,6 @@ one sent to its home; ``moved``: sent elsewhere (the load bound, slots, a failed
 following an earlier move."""
 
 MAX_CONVERSATIONS = 100_000
-LIVE_SECONDS = 300
-"""A conversation whose last turn is older than this no longer counts against its
-host's slots: an agent that has been quiet for 5 minutes has most likely finished, and
-its slot has gone to another prompt."""
-BUCKET_SECONDS = 10
 RANK_SECONDS = 1.0
 RANK_EXACT = 256
 """The ranking of up to this many live conversations (under a millisecond) is computed
@@ -72,8 +74,6 @@ RANK_MOST = 4096
 """Beyond this many live conversations nothing is ranked (a ranking would take over
 10 ms a second): far more than a lab's agents, so reached only by a flood of made-up
 conversations, which then cannot make crossbar stall."""
-_BUCKETS = LIVE_SECONDS // BUCKET_SECONDS
-_NEVER = -(1 << 62)
 
 
 class Load:
@@ -121,53 +121,6 @@ class _Entry:
         self.ranked = False
 
 
-class _LiveCounts:
-    """One host's live conversations, counted by the time bucket of their last turn: a
-    ring of :data:`LIVE_SECONDS` that never grows, and its running total, which drops
-    a bucket once when it leaves the window (read on every choice, so never summed)."""
-
-    __slots__ = ("counts", "now", "ticks", "total")
-
-    def __init__(self) -> None:
-        self.ticks = [_NEVER] * _BUCKETS
-        self.counts = [0] * _BUCKETS
-        self.total = 0
-        self.now = _NEVER
-
-    def at(self, now: int) -> int:
-        """The live conversations as of tick ``now``."""
-        if now > self.now:
-            self.now = now
-            for i, tick in enumerate(self.ticks):
-                if self.counts[i] and tick <= now - _BUCKETS:
-                    self.total -= self.counts[i]
-                    self.counts[i] = 0
-        return self.total
-
-    def add(self, now: int) -> None:
-        """One more conversation's last turn at tick ``now`` (the latest)."""
-        self.at(now)
-        self.add_at(now)
-
-    def add_at(self, tick: int) -> None:
-        """One more conversation whose last turn was at ``tick`` (any order)."""
-        i = tick % _BUCKETS
-        if tick <= self.now - _BUCKETS or self.ticks[i] > tick:
-            return  # out of the window already
-        if self.ticks[i] != tick:
-            self.total -= self.counts[i]  # an older tick's count, not yet dropped by at()
-            self.ticks[i], self.counts[i] = tick, 0
-        self.counts[i] += 1
-        self.total += 1
-
-    def remove(self, tick: int) -> None:
-        """A conversation whose last turn was at ``tick`` is no longer counted here."""
-        i = tick % _BUCKETS
-        if self.ticks[i] == tick and self.counts[i]:
-            self.counts[i] -= 1
-            self.total -= 1
-
-
 class _Ranking:
     """The last :func:`ranked_hosts` of one group, and what it was computed from."""
 
@@ -201,29 +154,38 @@ class Conversations:
         self.slots = dict(slots or {})
         self.capacity = capacity
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._live = {host: _LiveCounts() for host in self.slots}
-        self._tick = _NEVER
+        self._order = HostOrder()
+        """The same conversations by the host of their last turn: a ranking or a
+        recount reads its hosts' live ones, never the whole table."""
+        self._live = {host: LiveCounts() for host in self.slots}
+        self._tick = NEVER
         """The last tick seen, one int object shared by the entries of its 10 s."""
         self._version = 0
         """Counts conversations added and dropped: the ranking is computed again after."""
         self._rankings: dict[tuple[str, ...], _Ranking] = {}
         """The last ranking of each group (a route's hosts, as health leaves them)."""
-        self._replicas_seen = _NEVER
+        self._replicas_seen = NEVER
         """The tick another replica was last seen answering turns of a conversation."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def set_slots(self, slots: Mapping[str, int]) -> None:
-        """A reloaded config's ``slots``: the live conversations of each host that has
-        them are counted again from the table, so a host given slots starts right."""
-        self.slots = dict(slots)
-        self._live = {host: _LiveCounts() for host in self.slots}
+        """A reloaded config's ``slots``. A host given slots has its live conversations
+        counted from its own entries, so it starts right; a host that keeps slots keeps
+        its count; unchanged slots cost nothing (a reload must not read the table)."""
+        slots = dict(slots)
+        if slots == self.slots:
+            return
+        self._live = {host: self._live.get(host) or self._count(host) for host in slots}
+        self.slots = slots
         self._rankings.clear()  # made with the old slots
-        for entry in self._entries.values():
-            counts = self._live.get(entry.host)
-            if counts is not None:
-                counts.add_at(entry.tick)
+
+    def _count(self, host: str) -> LiveCounts:
+        counts = LiveCounts()
+        for _, entry in self._order.newest(host, self._entries, self._tick - BUCKETS):
+            counts.add_at(entry.tick)
+        return counts
 
     def host_of(self, key: bytes) -> str | None:
         """Where the conversation's last turn went, if this crossbar placed it."""
@@ -244,7 +206,7 @@ class Conversations:
 
     def is_live(self, key: bytes, now: float) -> bool:
         entry = self._entries.get(key)
-        return entry is not None and self._now(now) - _BUCKETS < entry.tick
+        return entry is not None and self._now(now) - BUCKETS < entry.tick
 
     def place(
         self,
@@ -299,7 +261,7 @@ class Conversations:
         if turn > (0 if entry is None else entry.turn + 1):
             self._replicas_seen = tick
             return True
-        return entry is None and tick - self._replicas_seen < _BUCKETS
+        return entry is None and tick - self._replicas_seen < BUCKETS
 
     def _ranked_host(self, key: bytes, group: Sequence[str], now: float, tick: int) -> str | None:
         """Where :func:`ranked_hosts` puts ``key`` among the conversations live on the
@@ -311,14 +273,7 @@ class Conversations:
         hosts = tuple(group)
         ranking = self._rankings.get(hosts)
         if ranking is None or self._due(ranking, key, tick, now):
-            live = [key]
-            for other, entry in reversed(self._entries.items()):
-                if entry.tick <= tick - _BUCKETS:
-                    break  # the table is in the order of last turns: the rest are older
-                if entry.host in hosts and other != key:
-                    live.append(other)
-                    if len(live) > RANK_MOST:
-                        break
+            live = self._live_on(hosts, key, tick)
             if len(self._rankings) >= 16:  # groups seen as health changed: start afresh
                 self._rankings.clear()
             crowded = len(live) > RANK_MOST
@@ -331,6 +286,18 @@ class Conversations:
         if host is None:
             host = ranking.placed[key] = take_slot(key, group, self.slots, ranking.taken)
         return host
+
+    def _live_on(self, hosts: Sequence[str], key: bytes, tick: int) -> list[bytes]:
+        """``key`` and the conversations live on ``hosts``, up to one more than
+        :data:`RANK_MOST`: only those hosts' entries are read, never other groups'."""
+        live = [key]
+        for host in hosts:
+            for other, _ in self._order.newest(host, self._entries, tick - BUCKETS):
+                if other != key:
+                    live.append(other)
+                    if len(live) > RANK_MOST:
+                        return live
+        return live
 
     def _due(self, ranking: _Ranking, key: bytes, tick: int, now: float) -> bool:
         """Whether ``ranking`` is to be computed again: conversations came or went since
@@ -362,12 +329,15 @@ class Conversations:
             if len(entries) >= self.capacity:
                 _, oldest = entries.popitem(last=False)
                 self._uncount(oldest)
+                self._order.remove(oldest.host)
             entry = entries[key] = _Entry(host, tick, -1)
             self._version += 1
         else:
             entries.move_to_end(key)
             self._uncount(entry)
+            self._order.remove(entry.host)
             entry.host, entry.tick = host, tick
+        self._order.add(host, key, entries)
         if turn is not None and turn > entry.turn:
             entry.turn = turn
         entry.ranked = entry.ranked or ranked

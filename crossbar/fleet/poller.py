@@ -5,13 +5,19 @@ It never asks ``/slots``, ``/metrics`` or ``/props?model=``: in router mode thos
 llama-server load a model. What it learns goes into the :class:`HealthTable`. A host
 with an ``api_key`` gets it on every poll (``llama-server --api-key`` refuses
 ``/v1/models`` without it); the client it is given asks for no compression.
+
+A model list is digested as it arrives, and read only when it differs from the host's
+last one: a list does not change between most polls, and reading a long one costs more
+than a poll should take on the reactor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from hashlib import blake2b
 from typing import Any, Protocol
 
+import attrs
 import treq
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
@@ -23,12 +29,17 @@ from twisted.web.http import RESPONSES
 from twisted.web.iweb import IResponse
 
 from crossbar.config.secrets import Secret
-from crossbar.fleet.listing import parse_models
+from crossbar.fleet.listing import ModelList, read_models
 from crossbar.fleet.state import HealthTable
 from crossbar.upstream.failures import describe, is_cancellation, stop_producing
 
 MAX_POLL_BODY = 8 * 1024 * 1024
 """Largest answer a poll reads: a model list is a few KiB (100,000 models, about 5 MiB)."""
+REREAD_BYTES = 1024 * 1024
+REREAD_SECONDS = 60.0
+"""A model list answer over :data:`REREAD_BYTES` (a lab's is tens of KiB) that changed is
+read at most once in this time: reading 8 MiB of tiny entries holds the reactor for up
+to a second, and a host could send a new one on every poll."""
 _CHECKS = {"health": "health check", "models": "model list"}
 
 
@@ -67,9 +78,14 @@ class _Watched:
             stop_producing(self._reader.transport)
 
 
-def read_limited(response: IResponse, limit: int) -> Deferred[bytes]:
+class _Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+def read_limited(response: IResponse, limit: int, digest: _Digest | None = None) -> Deferred[bytes]:
     """The body, through ``treq.collect``, refused (and its connection closed) past
-    ``limit`` bytes; cancelling closes the connection too."""
+    ``limit`` bytes; cancelling closes the connection too. ``digest`` is fed each part
+    as it comes, so that digesting a long body never holds the reactor at once."""
     parts: list[bytes] = []
     size = 0
 
@@ -79,6 +95,8 @@ def read_limited(response: IResponse, limit: int) -> Deferred[bytes]:
         if size > limit:
             raise PollError(f"answer larger than {_size(limit)}")
         parts.append(data)
+        if digest is not None:
+            digest.update(data)
 
     watched = _Watched(response)
     result: Deferred[bytes] = Deferred(lambda _: watched.stop())
@@ -116,6 +134,16 @@ def _authorization(keys: Mapping[str, Secret] | None) -> dict[str, _Headers]:
     }
 
 
+@attrs.frozen
+class _Read:
+    """One host's model list answer as last read: its digest, when, and what it gave."""
+
+    digest: bytes
+    at: float
+    models: ModelList | None
+    error: str = ""
+
+
 class PollError(Exception):
     """A poll failed; ``str()`` is the ``last_err`` text."""
 
@@ -126,13 +154,15 @@ class Poller(Service):
     Each host has its own ``LoopingCall``, so hosts are polled concurrently and
     independently: a slow host delays no other, and a host whose previous poll is
     still running is skipped on that tick rather than polled twice. ``keys`` (host name
-    -> key) go out as ``Authorization: Bearer`` on that host's polls.
+    -> key) go out as ``Authorization: Bearer`` on that host's polls. ``client`` is
+    one client for every host, or one per host name (each with that host's own TLS
+    trust: two hosts may share an address and not a CA).
     """
 
     def __init__(
         self,
         table: HealthTable,
-        client: _HTTPGetter,
+        client: _HTTPGetter | Mapping[str, _HTTPGetter],
         clock: IReactorTime,
         keys: Mapping[str, Secret] | None = None,
     ) -> None:
@@ -140,6 +170,8 @@ class Poller(Service):
         self._client = client
         self._clock = clock
         self._headers = _authorization(keys)
+        self._lists: dict[str, _Read] = {}
+        """What each host's last model list read gave, by the digest of its answer."""
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -155,7 +187,10 @@ class Poller(Service):
         self.first_round = DeferredList(first, consumeErrors=True).addCallback(lambda _: None)
 
     def set_hosts(
-        self, client: _HTTPGetter, keys: Mapping[str, Secret], restart: Iterable[str] = ()
+        self,
+        client: _HTTPGetter | Mapping[str, _HTTPGetter],
+        keys: Mapping[str, Secret],
+        restart: Iterable[str] = (),
     ) -> None:
         """Follow the table after a reload: ``client`` knows the hosts' new addresses;
         hosts new to the table are polled at once, those in ``restart`` (a new address or
@@ -174,6 +209,7 @@ class Poller(Service):
 
     def forget(self, name: str) -> None:
         """Stop polling a host; a poll of it under way is cancelled and not recorded."""
+        self._lists.pop(name, None)
         loop = self._loops.pop(name, None)
         if loop is not None and loop.running:
             loop.stop()
@@ -224,11 +260,9 @@ class Poller(Service):
         timeout = settings.poll_timeout
         try:
             await self._get(name, state.url + settings.health_path, "health", timeout)
-            body = await self._get(name, state.url + "/v1/models", "models", timeout)
-            try:
-                loaded, known = parse_models(body)
-            except ValueError as e:
-                raise PollError(f"models: bad answer: {e}") from None
+            digest = blake2b(digest_size=16)
+            body = await self._get(name, state.url + "/v1/models", "models", timeout, digest)
+            models = self._models(name, body, digest.digest())
         except CancelledError:
             if self._stopping or name not in self._loops:  # stopping, or forgotten
                 return
@@ -238,20 +272,45 @@ class Poller(Service):
         except Exception as e:  # a failing host must never stop the poller
             self.table.record_failure(name, f"poll: {describe(e)}")
         else:
-            self.table.record_ok(name, loaded, known)
+            listed, note = models.listed, models.note
+            self.table.record_ok(name, models.loaded, models.known, listed=listed, note=note)
 
-    async def _get(self, name: str, url: str, what: str, timeout: float) -> bytes:
-        d = Deferred.fromCoroutine(self._fetch(name, url, what))
+    def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
+        """The host's list: what the last one read gave when the answer is the same to
+        the byte, or when it is long and was read less than :data:`REREAD_SECONDS` ago."""
+        now = self._clock.seconds()
+        last = self._lists.get(name)
+        if last is None or (
+            last.digest != digest and (len(body) <= REREAD_BYTES or now - last.at >= REREAD_SECONDS)
+        ):
+            try:
+                last = _Read(digest, now, read_models(body))
+            except ValueError as e:
+                last = _Read(digest, now, None, f"models: bad answer: {e}")
+            self._lists[name] = last
+        if last.models is None:
+            raise PollError(last.error)
+        return last.models
+
+    async def _get(
+        self, name: str, url: str, what: str, timeout: float, digest: _Digest | None = None
+    ) -> bytes:
+        d = Deferred.fromCoroutine(self._fetch(name, url, what, digest))
         d.addTimeout(timeout, self._clock)
         try:
             return await d
         except DeferredTimeout:
             raise PollError(f"{what}: timed out after {timeout:g}s") from None
 
-    async def _fetch(self, name: str, url: str, what: str) -> bytes:
+    def _client_for(self, name: str) -> _HTTPGetter:
+        client = self._client
+        return client[name] if isinstance(client, Mapping) else client
+
+    async def _fetch(self, name: str, url: str, what: str, digest: _Digest | None) -> bytes:
         headers = self._headers.get(name)
+        client = self._client_for(name)
         try:
-            response = await self._client.get(url, allow_redirects=False, headers=headers)
+            response = await client.get(url, allow_redirects=False, headers=headers)
         except Exception as e:
             if is_cancellation(e):
                 raise CancelledError() from None
@@ -265,7 +324,7 @@ class Poller(Service):
             discard(response)
             raise PollError(f"{what}: HTTP {response.code}")
         try:
-            return await read_limited(response, MAX_POLL_BODY)
+            return await read_limited(response, MAX_POLL_BODY, digest)
         except PollError as e:
             raise PollError(f"{what}: {e}") from None
         except Exception as e:

@@ -42,6 +42,10 @@ class HostState:
     poll_failures: int = 0
     fails: int = 0
     """Real requests that failed in a row (passive health), reset by one that did not."""
+    models_listed: int = 0
+    """Entries of the host's last model list, kept or not."""
+    models_note: str = ""
+    """What of that list was left out (past the cap, bad ids), in words; usually empty."""
 
     @property
     def state(self) -> str:
@@ -50,7 +54,7 @@ class HostState:
         return "up" if self.healthy else "down"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "url": self.url,
             "healthy": self.healthy,
             "state": self.state,
@@ -60,6 +64,10 @@ class HostState:
             "last_ok": self.last_ok,
             "last_err": self.last_err,
         }
+        if self.models_note:  # only for a list that was cut or had bad ids
+            doc["models_listed"] = self.models_listed
+            doc["models_note"] = self.models_note
+        return doc
 
 
 class HealthTable:
@@ -144,7 +152,17 @@ class HealthTable:
         """Whether any host has listed ``model`` (loaded or not) in a poll that went well."""
         return model in self._models
 
-    def record_ok(self, name: str, loaded: Iterable[str], known: Iterable[str]) -> None:
+    def record_ok(
+        self,
+        name: str,
+        loaded: Iterable[str],
+        known: Iterable[str],
+        *,
+        listed: int | None = None,
+        note: str = "",
+    ) -> None:
+        """A poll went well; ``listed`` and ``note``: the list's size and what of it was
+        left out (see :class:`crossbar.fleet.listing.ModelList`)."""
         old = self._states.get(name)
         if old is None:
             return
@@ -166,6 +184,8 @@ class HealthTable:
                 last_err="",
                 polled=True,
                 polls=old.polls + 1,
+                models_listed=len(known) if listed is None else listed,
+                models_note=note,
             )
         )
 

@@ -23,6 +23,8 @@ from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.peers import WorkerInfo
 
 REFRESH_SECONDS = 5
+PAGE_MODELS = 20
+"""Model ids shown per cell; past them, a count (a host may list a thousand)."""
 
 
 def rfc3339(epoch: float | None) -> str | None:
@@ -198,12 +200,18 @@ def _names(names: Sequence[str]) -> Flattenable:
     return ", ".join(names) if names else _muted("none")
 
 
-def _models(names: Sequence[str]) -> Flattenable:
+def _models(names: Sequence[str], note: str = "") -> Flattenable:
     """Model ids, each kept on one line: a browser would break ``qwen3-coder-30b`` at a
-    hyphen, and a reader would see two models."""
-    if not names:
-        return _muted("none")
-    return _joined(", ", (tags.span(name, class_="model") for name in names))
+    hyphen, and a reader would see two models. The first :data:`PAGE_MODELS` only, then
+    how many more; ``note`` says what of the host's list was left out."""
+    shown: Flattenable = _muted("none")
+    if names:
+        spans = (tags.span(name, class_="model") for name in names[:PAGE_MODELS])
+        shown = _joined(", ", spans)
+        if len(names) > PAGE_MODELS:
+            more = f"and {len(names) - PAGE_MODELS:,} more ({len(names):,} in all)"
+            shown = [shown, ", ", _muted(more)]
+    return [shown, tags.br(), tags.small(note, class_="err")] if note else shown
 
 
 def _joined(separator: str, items: Iterable[Flattenable]) -> list[Flattenable]:
@@ -325,7 +333,7 @@ class StatusPage(Element):
             "last_ok": self._last_ok(state),
             "error": tags.span(state.last_err, class_="err") if state.last_err else "",
             "loaded": _models(state.loaded),
-            "known": _models(state.known),
+            "known": _models(state.known, state.models_note),
             "consecutive": str(state.consecutive),
             "in_flight": str(self.in_flight.get(name, 0)),
             "requests": str(recent.requests),

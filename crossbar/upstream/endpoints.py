@@ -7,7 +7,7 @@ an IP address is connected to directly, and each host gets its own connect timeo
 An ``https://`` host's certificate is checked against the system's CAs, or against
 the host's own ``tls_ca`` (a lab's CA), for requests and polls alike.
 The proxy's requests use these endpoints through :mod:`crossbar.upstream.pool`; the health
-poller uses treq over an ``Agent`` built here, which asks for no compression.
+poller uses treq over an ``Agent`` per host built here, which asks for no compression.
 """
 
 from __future__ import annotations
@@ -207,3 +207,22 @@ def make_agent(
             trust[(uri.host, uri.port)] = root
     endpoints = HostEndpoints(reactor, timeouts, default_timeout, trust)
     return Uncompressed(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
+
+
+def make_agents(
+    reactor: Any,
+    pools: Mapping[str, HTTPConnectionPool],
+    urls: Mapping[str, str],
+    connect_timeouts: Mapping[str, float],
+    default_timeout: float = 5.0,
+    tls_cas: Mapping[str, bytes] | None = None,
+) -> dict[str, IAgent]:
+    """One :func:`make_agent` per host (name -> its Agent), each with its own pool from
+    ``pools``: two hosts may share an address but not a CA, and a connection verified
+    against one host's CA must never carry another host's request."""
+    return {
+        name: make_agent(
+            reactor, pools[name], {name: url}, connect_timeouts, default_timeout, tls_cas
+        )
+        for name, url in urls.items()
+    }
