@@ -286,3 +286,97 @@ def test_a_flood_of_objects_in_the_messages_is_no_conversation_whatever_follows(
     # the count is of objects, not of bytes: a long conversation of few messages is read
     answer = {"role": "assistant", "content": "y" * (2 * c.MAX_OBJECTS)}
     assert key({"messages": [{"role": "user", "content": "hi"}, answer]}) is not None
+
+
+# -- Claude Code (Anthropic Messages) and Codex (Responses) ------------------------------------
+
+MESSAGES_PATH = b"/v1/messages"
+RESPONSES_PATH = b"/v1/responses"
+CLAUDE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."
+
+
+def claude_body(turn: int, nonce: str | None = "a5145", first: str = "fix the parser") -> bytes:
+    """Turn ``turn`` (1, 2, ...) of a Claude Code session, as it sends it: a billing block
+    first in ``system`` (with a nonce per request in some versions), cache markers on the
+    newest message only, tool use and results in between."""
+    billing = "x-anthropic-billing-header: cc_version=2.1.101.e51; cc_entrypoint=cli;"
+    if nonce is not None:
+        billing += f" cch={nonce};"
+    system = [
+        {"type": "text", "text": billing},
+        {"type": "text", "text": CLAUDE_SYSTEM, "cache_control": {"type": "ephemeral"}},
+    ]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": first}]},
+    ]
+    for n in range(1, turn):
+        use = {"type": "tool_use", "id": f"t{n}", "name": "Read", "input": {"path": "a.py"}}
+        messages.append({"role": "assistant", "content": [use]})
+        result = {"type": "tool_result", "tool_use_id": f"t{n}", "content": "text"}
+        messages.append({"role": "user", "content": [result]})
+    messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    body = {"model": "tiny-a", "system": system, "messages": messages, "max_tokens": 32}
+    return json.dumps(body).encode()
+
+
+def codex_body(turn: int, first: str = "fix the parser") -> bytes:
+    """Turn ``turn`` of a Codex session: its instructions, a user message, then each
+    answer as reasoning and a function call, and the call's output."""
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": first}]}
+    items: list[dict[str, Any]] = [user]
+    for n in range(1, turn):
+        items.append({"type": "reasoning", "summary": [], "encrypted_content": f"r{n}"})
+        call = {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": f"c{n}"}
+        items.append(call)
+        items.append({"type": "function_call_output", "call_id": f"c{n}", "output": "ok"})
+    body = {"model": "tiny-a", "instructions": "You are Codex.", "input": items, "stream": True}
+    return json.dumps(body).encode()
+
+
+def test_every_turn_of_a_claude_code_session_has_one_key_whatever_its_nonce() -> None:
+    found = [read(claude_body(turn, nonce=f"{turn:05x}"), MESSAGES_PATH) for turn in (1, 2, 3, 4)]
+    assert all(f is not None for f in found)
+    assert len({f.key for f in found if f}) == 1
+    assert [f.turn for f in found if f] == [0, 1, 2, 3]
+    # the same session in a version without the nonce, and with the header in one string
+    without = read(claude_body(2, nonce=None), MESSAGES_PATH)
+    assert without is not None and without.key == found[0].key  # type: ignore[union-attr]
+    other = read(claude_body(1, first="write the docs"), MESSAGES_PATH)
+    assert other is not None and other.key != found[0].key  # type: ignore[union-attr]
+
+
+def test_a_billing_header_inside_a_system_string_is_left_out_too() -> None:
+    def string_system(nonce: str) -> bytes:
+        system = f"x-anthropic-billing-header: cc_version=2.1.9; cch={nonce};{CLAUDE_SYSTEM}"
+        messages = [{"role": "user", "content": "hi"}]
+        return json.dumps({"model": "m", "system": system, "messages": messages}).encode()
+
+    one, two = (read(string_system(n), MESSAGES_PATH) for n in ("aaaaa", "bbbbb"))
+    assert one is not None and two is not None and one.key == two.key
+    other = json.dumps(
+        {"model": "m", "system": "Another agent.", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert key(other.encode(), MESSAGES_PATH) != one.key
+
+
+def test_every_turn_of_a_codex_session_has_one_key_and_counts_its_answers() -> None:
+    found = [read(codex_body(turn), RESPONSES_PATH) for turn in (1, 2, 3, 4)]
+    assert all(f is not None for f in found)
+    assert len({f.key for f in found if f}) == 1
+    assert [f.turn for f in found if f] == [0, 1, 2, 3]  # reasoning and a call: one answer each
+    assert key(codex_body(1, first="write the docs"), RESPONSES_PATH) != found[0].key  # type: ignore[union-attr]
+
+
+def test_a_responses_input_given_as_a_string_is_its_first_user_message() -> None:
+    plain = json.dumps({"model": "m", "instructions": "Be brief.", "input": "say hi"}).encode()
+    found = read(plain, RESPONSES_PATH)
+    assert found is not None and found.turn == 0
+    again = json.dumps({"model": "m", "instructions": "Be brief.", "input": "say hi"}, indent=1)
+    assert key(again.encode(), RESPONSES_PATH) == found.key
+    assert key(plain.replace(b"say hi", b"say bye"), RESPONSES_PATH) != found.key
+
+
+def test_the_apis_never_share_a_key() -> None:
+    """The same words through chat and through Messages are two prompts on a host."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert key(chat) != key(json.dumps(chat).encode(), MESSAGES_PATH)

@@ -290,3 +290,44 @@ def test_the_page_names_the_host_the_next_round_robin_request_goes_to() -> None:
         line.close()  # the next request needs a connection of its own: it shows where
         proxy.clock.advance(0)
     assert [r.host for r in proxy.records] == ["gpu-a", "gpu-b", "gpu-a", "gpu-b", "gpu-a"]
+
+
+# -- Claude Code's and Codex's APIs -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"/v1/messages",
+        b"/v1/messages/count_tokens",
+        b"/v1/responses",
+        b"/v1/responses/input_tokens",
+        b"/v1/chat/completions/input_tokens",
+    ],
+)
+def test_the_agent_apis_go_by_their_model_with_query_and_headers_unchanged(path: bytes) -> None:
+    cfg = parse_config(
+        {
+            "hosts": {"gpu-a": "http://127.0.0.1:18081", "gpu-b": "http://127.0.0.1:18082"},
+            "routes": {
+                "lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m", "api_keys": ["k" * 24]}
+            },
+        }
+    )
+    proxy = MemoryProxy(cfg)
+    proxy.table.record_ok("gpu-b", ["m"], ["m"])  # only gpu-b has it loaded
+    body = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
+    client = proxy.client()
+    client.send(
+        b"POST /lab%s?beta=true HTTP/1.1\r\nHost: c\r\nX-Api-Key: %s\r\n"
+        b"anthropic-version: 2023-06-01\r\nanthropic-beta: tools-2024\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path, b"k" * 24, len(body), body)
+    )
+    host = proxy.accept()
+    assert host.host == "gpu-b"
+    head, _, sent = host.received.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST %s?beta=true HTTP/1.1\r\n" % path)
+    lower = head.lower()  # names are case-insensitive; values reach the host as sent
+    assert b"anthropic-version: 2023-06-01" in lower and b"anthropic-beta: tools-2024" in lower
+    assert b"k" * 24 not in head  # a key for crossbar is never one for a host
+    assert json.loads(sent)["model"] == "m"  # the route's default filled in

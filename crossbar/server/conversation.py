@@ -7,11 +7,18 @@ conversation shares, and other conversations do not, is its start:
 
 - a chat completion: the messages up to and including the first ``user`` message. The
   system prompt alone would not do: one agent's conversations all share it;
+- an Anthropic Messages request (Claude Code): its ``system`` and its messages up to the
+  first user message. Claude Code's billing header (``x-anthropic-billing-header: ...``,
+  with a nonce per request in some versions) never counts: every turn of a session has
+  one key, as llama-server's prompt cache has one prefix;
+- a Responses request (Codex): its ``instructions`` and its input items up to the first
+  user item;
 - a completion: the first :data:`PROMPT_BYTES` bytes of the prompt;
 - plus the model: another model on the same host has a cache of its own.
 
-A chat completion also tells how far its conversation has gone: its *turn* is the number
-of ``assistant`` messages in it (each answer a client got comes back in the next turn).
+A conversation also tells how far it has gone: its *turn* is the number of answers sent
+back in it (``assistant`` messages; in a Responses input, each run of the model's output
+items between two inputs).
 A crossbar that sees turn 5 of a conversation after turn 3 knows another replica
 answered turn 4 (:mod:`crossbar.fleet.affinity` places such conversations by a rule every
 replica computes alike). A completion has no turns.
@@ -36,6 +43,7 @@ nesting too deep) is "no key", never an error. Pure rules, no I/O.
 
 from __future__ import annotations
 
+import re
 from hashlib import blake2b
 from typing import Any
 
@@ -65,7 +73,23 @@ class _Message(msgspec.Struct, gc=False):
     """A view into the body, decoded only up to the first user message."""
 
 
+class _Item(msgspec.Struct, gc=False):
+    """A Responses API input item: a message (``role``), or a function call, its output,
+    reasoning... (``type``)."""
+
+    type: str = ""
+    role: str = ""
+    content: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
 _MESSAGES = msgspec.json.Decoder(list[_Message])
+_ITEMS = msgspec.json.Decoder(list[_Item])
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+_OUTPUT_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call", "local_shell_call"})
+"""Input items that are the model's own output, sent back (besides assistant messages)."""
+_BILLING = re.compile(r"x-anthropic-billing-header:(?:\s*[A-Za-z0-9_.-]+=[^;\n]*;)*\s*")
+"""Claude Code's billing header, at the start of its system prompt: fields such as
+``cc_version=2.1.101.e51; cc_entrypoint=cli; cch=a5145;``, the last a nonce."""
 _PARTS = msgspec.json.Decoder(list[msgspec.Raw])
 ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
 
@@ -76,23 +100,113 @@ class _OverBudget(Exception):
 
 def chat_conversation(model: str | None, messages: msgspec.Raw) -> Conversation | None:
     """A chat completion's conversation, from its ``messages`` (their JSON)."""
-    if bytes(memoryview(messages)[:1]) != b"[":
-        return None
-    if len(messages) > MAX_OBJECTS and bytes(messages).count(b"{") > MAX_OBJECTS:
-        return None
     try:
-        listed = _MESSAGES.decode(messages)
+        listed = _listed(messages, _MESSAGES)
+        if listed is None:
+            return None
         digest = _digest(model, b"chat")
-        for at, message in enumerate(listed[:MAX_START]):
-            _field(digest, message.role.encode())
-            content = message.content
-            _field(digest, b"" if content is msgspec.UNSET else _content(content))
-            if message.role == "user":
-                turn = sum(later.role == "assistant" for later in listed[at + 1 :])
-                return Conversation(digest.digest(), turn)
+        at = _start(digest, listed)
     except (*ERRORS, _OverBudget):
         return None
+    if at is None:
+        return None
+    turn = sum(later.role == "assistant" for later in listed[at + 1 :])
+    return Conversation(digest.digest(), turn)
+
+
+def anthropic_conversation(
+    model: str | None, system: msgspec.Raw | None, messages: msgspec.Raw
+) -> Conversation | None:
+    """A Messages API request's conversation: its ``system`` (a string or text blocks,
+    Claude Code's billing header left out) and its messages up to the first user one."""
+    try:
+        listed = _listed(messages, _MESSAGES)
+        if listed is None:
+            return None
+        digest = _digest(model, b"anthropic")
+        _field(digest, b"" if system is None else _system(system))
+        at = _start(digest, listed)
+    except (*ERRORS, _OverBudget):
+        return None
+    if at is None:
+        return None
+    turn = sum(later.role == "assistant" for later in listed[at + 1 :])
+    return Conversation(digest.digest(), turn)
+
+
+def responses_conversation(
+    model: str | None, instructions: msgspec.Raw | None, given: msgspec.Raw
+) -> Conversation | None:
+    """A Responses API request's conversation: its ``instructions`` and its input items
+    up to the first user one (an input that is a string is that one). Its turn is the
+    model's answers since: each run of output items (a message, function calls,
+    reasoning) between two inputs."""
+    try:
+        digest = _digest(model, b"responses")
+        _field(digest, b"" if instructions is None else _content(instructions))
+        if bytes(memoryview(given)[:1]) == b'"':
+            _field(digest, b"user")
+            _field(digest, _content(given))
+            return Conversation(digest.digest(), 0)
+        listed = _listed(given, _ITEMS)
+        if listed is None:
+            return None
+        at = _start(digest, listed)
+    except (*ERRORS, _OverBudget):
+        return None
+    if at is None:
+        return None
+    turn, answering = 0, False
+    for item in listed[at + 1 :]:
+        output = item.role == "assistant" or item.type in _OUTPUT_ITEMS
+        turn += output and not answering
+        answering = output
+    return Conversation(digest.digest(), turn)
+
+
+def _listed(raw: msgspec.Raw, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """``raw`` (a JSON array) decoded, within the budget's objects; ``None`` otherwise."""
+    if bytes(memoryview(raw)[:1]) != b"[":
+        return None
+    if len(raw) > MAX_OBJECTS and bytes(raw).count(b"{") > MAX_OBJECTS:
+        return None
+    return decoder.decode(raw)
+
+
+def _start(digest: Any, listed: Any) -> int | None:
+    """Hashes the messages (or items) up to the first user one; its index, if any."""
+    for at, message in enumerate(listed[:MAX_START]):
+        _field(digest, message.role.encode())
+        content = message.content
+        _field(digest, b"" if content is msgspec.UNSET else _content(content))
+        if message.role == "user":
+            return at  # type: ignore[no-any-return]
     return None
+
+
+def _system(raw: msgspec.Raw) -> bytes:
+    """A Messages API ``system`` as text, without Claude Code's billing header: it
+    carries a nonce in some versions (``cch=``), which would make every turn of a
+    session a conversation of its own (llama-server rewrites it before the prompt)."""
+    if len(raw) > MAX_CONTENT:
+        raise _OverBudget
+    value = msgspec.json.decode(raw)
+    if isinstance(value, str):
+        return _BILLING.sub("", value, count=1).encode("utf-8", "surrogatepass")
+    if not isinstance(value, list):
+        return msgspec.json.encode(value, order="sorted")
+    if len(value) > MAX_PARTS:
+        raise _OverBudget
+    parts = []
+    for block in value:
+        text = block.get("text") if isinstance(block, dict) else None
+        if isinstance(text, str):
+            text = _BILLING.sub("", text, count=1)
+            if text:
+                parts.append({"type": "text", "text": text})
+        else:
+            parts.append(block)
+    return _parts(parts)
 
 
 def completion_conversation(model: str | None, prompt: msgspec.Raw) -> Conversation | None:
@@ -135,13 +249,18 @@ def _content(raw: msgspec.Raw) -> bytes:
     listed = _PARTS.decode(raw)
     if len(listed) > MAX_PARTS:
         raise _OverBudget
-    parts: list[bytes] = []
-    for one in listed:
-        part = msgspec.json.decode(one)
+    return _parts([msgspec.json.decode(one) for one in listed])
+
+
+def _parts(parts: list[Any]) -> bytes:
+    """Content given as parts: each text part by its text, any other by its JSON with
+    sorted keys (the same whatever order a client writes its keys in)."""
+    out: list[bytes] = []
+    for part in parts:
         text = part.get("text") if isinstance(part, dict) else None
-        if isinstance(text, str) and part.get("type", "text") == "text":
+        if isinstance(text, str) and part.get("type", "text") in _TEXT_PARTS:
             data = b"t" + text.encode("utf-8", "surrogatepass")
         else:
             data = b"j" + msgspec.json.encode(part, order="sorted")
-        parts += (len(data).to_bytes(8, "big"), data)
-    return b"".join(parts)
+        out += (len(data).to_bytes(8, "big"), data)
+    return b"".join(out)

@@ -21,7 +21,13 @@ import attrs
 import msgspec
 
 from crossbar.fleet.policies import Conversation
-from crossbar.server.conversation import ERRORS, chat_conversation, completion_conversation
+from crossbar.server.conversation import (
+    ERRORS,
+    anthropic_conversation,
+    chat_conversation,
+    completion_conversation,
+    responses_conversation,
+)
 from crossbar.server.peek import NOTHING, Peek, json_view, model_of
 
 
@@ -39,6 +45,16 @@ class _Chat(_Plain):
 
 class _Completion(_Plain):
     prompt: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Anthropic(_Plain):
+    system: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Responses(_Plain):
+    instructions: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    input: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 @attrs.frozen
@@ -66,6 +82,20 @@ def _read_completion(model: str | None, body: Any) -> Conversation | None:
     return None if prompt is msgspec.UNSET else completion_conversation(model, prompt)
 
 
+def _read_anthropic(model: str | None, body: Any) -> Conversation | None:
+    if body.messages is msgspec.UNSET:
+        return None
+    system = None if body.system is msgspec.UNSET else body.system
+    return anthropic_conversation(model, system, body.messages)
+
+
+def _read_responses(model: str | None, body: Any) -> Conversation | None:
+    if body.input is msgspec.UNSET:
+        return None
+    instructions = None if body.instructions is msgspec.UNSET else body.instructions
+    return responses_conversation(model, instructions, body.input)
+
+
 @attrs.frozen
 class Shape:
     """How crossbar reads the request bodies of one API path."""
@@ -84,6 +114,12 @@ CHAT = Shape("chat", decoder=msgspec.json.Decoder(_Chat), conversation=_read_cha
 COMPLETION = Shape(
     "completion", decoder=msgspec.json.Decoder(_Completion), conversation=_read_completion
 )
+ANTHROPIC = Shape(
+    "anthropic", decoder=msgspec.json.Decoder(_Anthropic), conversation=_read_anthropic
+)
+RESPONSES = Shape(
+    "responses", decoder=msgspec.json.Decoder(_Responses), conversation=_read_responses
+)
 _MODEL = Shape("model")
 _NO_BODY = Shape("no body", names_model=False)
 _FORM = Shape("form", names_model=False)
@@ -93,9 +129,9 @@ SHAPES: Mapping[bytes, Shape] = {
     b"/v1/chat/completions": CHAT,
     b"/v1/completions": COMPLETION,
     b"/v1/chat/completions/input_tokens": _MODEL,
-    b"/v1/messages": _MODEL,
+    b"/v1/messages": ANTHROPIC,
     b"/v1/messages/count_tokens": _MODEL,
-    b"/v1/responses": _MODEL,
+    b"/v1/responses": RESPONSES,
     b"/v1/responses/input_tokens": _MODEL,
     b"/v1/embeddings": _MODEL,
     b"/v1/rerank": _MODEL,
