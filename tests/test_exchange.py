@@ -331,3 +331,23 @@ def test_the_agent_apis_go_by_their_model_with_query_and_headers_unchanged(path:
     assert b"anthropic-version: 2023-06-01" in lower and b"anthropic-beta: tools-2024" in lower
     assert b"k" * 24 not in head  # a key for crossbar is never one for a host
     assert json.loads(sent)["model"] == "m"  # the route's default filled in
+
+
+def test_an_answer_crossbar_cuts_while_stopping_is_no_fault_of_the_host(proxy: MemoryProxy) -> None:
+    """Past ``drain_timeout`` crossbar closes what is left, hosts' connections included."""
+    client, host = answered(proxy)
+    proxy.site.draining = True
+    host.close()
+    proxy.clock.advance(0)
+    state = proxy.table.get("gpu-a")
+    assert state is not None and state.fails == 0 and state.healthy
+    assert client.closed and proxy.records[-1].cut_off
+
+
+@pytest.mark.parametrize("method", [b"OPTIONS", b"GET"])
+def test_a_request_for_star_gets_crossbar_s_own_json_answer(
+    proxy: MemoryProxy, method: bytes
+) -> None:
+    client = proxy.client()
+    client.send(method + b" * HTTP/1.1\r\nHost: c\r\n\r\n")
+    assert json_answer(client) == (400, {"error": "missing route"})

@@ -300,12 +300,9 @@ class Exchange:
         """The client read nothing of its answer for ``idle_timeout``: it holds a host's
         connection (and maybe a GPU slot) for nothing. Both sides end, as if it left."""
         host = self.host
-        timeout = self.proxy.settings[host].idle_timeout if host is not None else 0
-        log.warn(
-            "a client read nothing for {t:g}s of its answer from {host}: both ended",
-            t=timeout,
-            host=host,
-        )
+        assert host is not None
+        said = "a client read nothing for {t:g}s of its answer from {host}: both ended"
+        log.warn(said, t=self.proxy.settings[host].idle_timeout, host=host)
         self._enter(Phase.CLIENT_LEFT)
         if self._body is not None:
             self._body.stopProducing()
@@ -322,6 +319,9 @@ class Exchange:
             request.finish()
             return
         assert self.host is not None
+        if _stopping(request):  # crossbar itself cut it, past drain_timeout
+            self._cut_off()
+            return
         why = describe(reason)
         self.proxy.table.request_failed(self.host, f"answer broken: {why}")
         log.warn("host {host} broke an answer off: {why}", host=self.host, why=why)
@@ -389,3 +389,9 @@ class Exchange:
             client_left=left,
             moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,
         )
+
+
+def _stopping(request: server.Request) -> bool:
+    """crossbar is stopping: past ``drain_timeout`` it closes the hosts' connections
+    itself, which is no fault of theirs."""
+    return bool(getattr(getattr(request.channel, "site", None), "draining", False))

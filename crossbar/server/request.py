@@ -67,7 +67,7 @@ class ProxyRequest(server.Request):
         site = self._door().site
         proxy = site.proxy
         path = self.path
-        if proxy is None or path.startswith(b"/_crossbar") or path == b"*":
+        if proxy is None or path.startswith(b"/_crossbar"):
             super().process()
             return
         self.site = self.channel.site  # type: ignore[union-attr,attr-defined]
