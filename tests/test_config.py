@@ -595,3 +595,12 @@ def test_any_file_is_a_config_or_one_config_error(text: str) -> None:
             load_config(path)
         except ConfigError as e:
             assert len(str(e).splitlines()) == 1, str(e)
+
+
+def test_a_default_follows_the_limits_the_admin_wrote(tmp_path: Path) -> None:
+    """``max_body_memory: 1MiB`` alone once stopped start-up: ``max_body``'s default (16 MiB)
+    was more. A default gives way; only values the admin wrote can conflict."""
+    alone = load_config(write(tmp_path, MINIMAL + "max_body_memory: 1MiB\n"))
+    assert (alone.limits.max_body, alone.limits.max_body_memory) == (1024 * 1024, 1024 * 1024)
+    both = MINIMAL + "max_body_memory: 1MiB\nmax_body: 2MiB\n"
+    assert error_of(tmp_path, both) == "max_body: must not be more than max_body_memory"

@@ -189,6 +189,9 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
             if name in top
         }
     )
+    if "max_body" not in top and limits.max_body > limits.max_body_memory:
+        # A default follows the keys the admin wrote: only what was written can conflict.
+        limits = attrs.evolve(limits, max_body=limits.max_body_memory)
     if limits.max_body > limits.max_body_memory:
         raise r.fail("max_body", "must not be more than max_body_memory")
     share = limits.max_connections_per_client
