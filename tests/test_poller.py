@@ -31,8 +31,18 @@ ROUTER_MODELS = {
 }
 
 
+NOT_LOADED = (400, b'{"error":{"code":400,"message":"model is not loaded"}}')
+
+
+def props(slots: object) -> tuple[int, bytes]:
+    """A loaded model's /props answer, as its own server gives it."""
+    return 200, json.dumps({"total_slots": slots, "model_alias": "m", "build_info": "b1"}).encode()
+
+
 class FakeHost(Resource):
-    """Answers /health and /v1/models as told; records every path it is asked."""
+    """Answers /health and /v1/models as told; records every path it is asked. The one
+    ask that loads nothing, ``/props?model=X&autoload=false``, is answered from ``props``
+    (a model without an answer is not loaded: 400) and recorded apart, in ``asks``."""
 
     isLeaf = True
 
@@ -42,11 +52,18 @@ class FakeHost(Resource):
         self.authorization: list[bytes | None] = []
         self.health: tuple[int, bytes] = (200, b'{"status":"ok"}')
         self.models: tuple[int, bytes] = (200, json.dumps(ROUTER_MODELS).encode())
+        self.props: dict[str, tuple[int, bytes]] = {}
+        self.asks: list[str] = []  # models asked for their slots, in order
+        self.ask_authorization: list[bytes | None] = []
+        self.hang_asks = False
         self.hang = False
         self.hanging: list[server.Request] = []
 
     def render(self, request: server.Request) -> Any:
         assert request.uri is not None
+        args = request.args
+        if request.path == b"/props" and args.get(b"autoload") == [b"false"] and len(args) == 2:
+            return self.ask(request, args[b"model"][0].decode())
         self.paths.append(request.uri)
         self.authorization.append(request.getHeader(b"authorization"))
         if self.hang:
@@ -55,6 +72,16 @@ class FakeHost(Resource):
         code, body = {b"/health": self.health, b"/v1/models": self.models}.get(
             request.uri, (404, b"{}")
         )
+        request.setResponseCode(code)
+        return body
+
+    def ask(self, request: server.Request, model: str) -> Any:
+        self.asks.append(model)
+        self.ask_authorization.append(request.getHeader(b"authorization"))
+        if self.hang_asks:
+            self.hanging.append(request)
+            return server.NOT_DONE_YET
+        code, body = self.props.get(model, NOT_LOADED)
         request.setResponseCode(code)
         return body
 
@@ -500,3 +527,195 @@ def test_a_long_list_that_changes_is_read_at_most_once_a_minute(
     rig.poll("gpu-a")  # the same bad answer: not read again, the same reason
     assert len(read) == 3
     assert rig.state("gpu-a").last_err == "models: bad answer: a data entry is not an object"
+
+
+# -- slots: /props?model=X&autoload=false for the models a host lists as loaded ------------------
+
+
+def listing(**statuses: str) -> tuple[int, bytes]:
+    data = [{"id": m, "object": "model", "status": {"value": s}} for m, s in statuses.items()]
+    return 200, json.dumps({"object": "list", "data": data}).encode()
+
+
+def test_learns_the_slots_of_the_loaded_models_only() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.props = {"tiny-a": props(4), "tiny-b": props(2), "tiny-c": props(4), "tiny-d": props(4)}
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert sorted(host.asks) == ["tiny-a", "tiny-b"]  # tiny-c is loading, tiny-d unloaded
+    assert host.paths == [b"/health", b"/v1/models"]  # nothing else, nothing that loads
+    assert state.slots == {"tiny-a": 4, "tiny-b": 2}
+    assert (state.capacity("tiny-a"), state.capacity("tiny-c")) == (4, None)
+    assert state.to_json()["slots"] == {"tiny-a": 4, "tiny-b": 2}
+    assert state.healthy and state.last_err == ""
+    rig.clock.advance(5)
+    rig.poll("gpu-a")
+    assert len(host.asks) == 2  # known: not asked again on the next poll
+
+
+def test_a_model_id_is_sent_url_encoded_as_one_value() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    odd = "org/m x&autoload=true#1"
+    host.models = listing(**{odd: "loaded"})
+    host.props = {odd: props(3)}
+    rig.poll("gpu-a")
+    assert host.asks == [odd]  # else FakeHost would have recorded it among the paths
+    assert rig.state("gpu-a").slots == {odd: 3}
+
+
+def test_at_most_four_asks_a_poll_and_many_models_are_learned_over_several() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    names = [f"m{n:02}" for n in range(10)]
+    host.models = listing(**dict.fromkeys(names, "loaded"))
+    host.props = {m: props(n + 1) for n, m in enumerate(names)}
+    asked = []
+    for _ in range(4):
+        rig.poll("gpu-a")
+        asked.append(len(host.asks))
+        rig.clock.advance(5)
+    assert asked == [4, 8, 10, 10]
+    assert rig.state("gpu-a").slots == {m: n + 1 for n, m in enumerate(names)}
+
+
+def test_a_model_unloaded_is_forgotten_and_asked_again_once_loaded_again() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(4)}
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").slots == {"tiny-a": 4}
+
+    host.models, host.props = listing(**{"tiny-a": "unloaded"}), {}
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").slots == {} and "slots" not in rig.state("gpu-a").to_json()
+    assert host.asks == ["tiny-a"]  # not asked while unloaded
+
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(8)}  # -np 8 now
+    rig.poll("gpu-a")
+    assert host.asks == ["tiny-a", "tiny-a"]
+    assert rig.state("gpu-a").slots == {"tiny-a": 8}
+
+
+def test_a_model_is_asked_again_after_a_minute() -> None:
+    """Unloaded and loaded again between two polls, a model may run another ``-np``."""
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(4)}
+    rig.poll("gpu-a")
+    host.props = {"tiny-a": props(2)}
+    rig.clock.advance(59)
+    rig.poll("gpu-a")
+    assert host.asks == ["tiny-a"] and rig.state("gpu-a").slots == {"tiny-a": 4}
+    rig.clock.advance(1)
+    rig.poll("gpu-a")
+    assert host.asks == ["tiny-a", "tiny-a"] and rig.state("gpu-a").slots == {"tiny-a": 2}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (500, b'{"error":{"code":500,"message":"boom"}}'),
+        NOT_LOADED,
+        (200, b"not json"),
+        (200, b"[4]"),
+        (200, b"{}"),
+        props(10**30),
+        props(-4),
+        props(0),
+        props(4097),
+        props("4"),
+        props(4.0),
+        props(True),
+        props(None),
+        (200, b'{"total_slots": 4, "pad": "' + b"x" * 256 * 1024 + b'"}'),
+    ],
+)
+def test_a_hostile_answer_leaves_the_slots_unknown_and_the_host_up(
+    answer: tuple[int, bytes],
+) -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(4)}
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").slots == {"tiny-a": 4}
+    host.props = {"tiny-a": answer}
+    rig.clock.advance(60)
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert len(host.asks) == 2
+    assert state.slots == {} and state.capacity("tiny-a") is None  # no longer vouched for
+    assert state.healthy and state.last_err == "" and state.consecutive == 2
+
+
+def test_four_thousand_and_ninety_six_slots_are_believed() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(4096)}
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").slots == {"tiny-a": 4096}
+
+
+def test_an_ask_that_never_answers_ends_with_the_poll_timeout_and_marks_nothing_down() -> None:
+    rig = make_rig("gpu-a", timeout=5.0)
+    host = rig.fleet.hosts["gpu-a"]
+    host.hang_asks = True
+    d = rig.poll("gpu-a")
+    assert rig.state("gpu-a").healthy and not d.called  # up at once, asks under way
+    rig.clock.advance(5.1)
+    rig.client.flush()
+    assert d.called  # both asks at once: one timeout, not one each
+    state = rig.state("gpu-a")
+    assert state.healthy and state.last_err == "" and state.slots == {}
+
+
+def test_stopping_during_an_ask_records_nothing() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.hang_asks = True
+    rig.poller.startService()
+    rig.client.flush()
+    assert sorted(host.asks) == ["tiny-a", "tiny-b"]
+    before = rig.state("gpu-a")
+    stopped = rig.poller.stopService()
+    rig.client.flush()
+    assert stopped.called and rig.state("gpu-a") == before
+
+
+def test_the_host_s_key_goes_with_every_ask() -> None:
+    rig = make_rig("gpu-a", "gpu-b", keys={"gpu-a": KEY})
+    for name in ("gpu-a", "gpu-b"):
+        rig.fleet.hosts[name].props = {"tiny-a": props(4)}
+        rig.poll(name)
+    assert rig.fleet.hosts["gpu-a"].ask_authorization == [b"Bearer sk-lab-7f3a9c"] * 2
+    assert rig.fleet.hosts["gpu-b"].ask_authorization == [None, None]
+    assert rig.state("gpu-a").slots == rig.state("gpu-b").slots == {"tiny-a": 4}
+
+
+def test_a_host_that_failed_is_asked_again_once_it_answers() -> None:
+    """It may have restarted, its models with another ``-np``."""
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(4)}
+    rig.poll("gpu-a")
+    host.health = (500, b"")
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").slots == {"tiny-a": 4}  # down: kept as last seen
+    host.health, host.props = (200, b"{}"), {"tiny-a": props(6)}
+    rig.poll("gpu-a")
+    assert host.asks == ["tiny-a", "tiny-a"] and rig.state("gpu-a").slots == {"tiny-a": 6}
+
+
+def test_a_single_model_server_s_slots_are_learned_once() -> None:
+    """A single-model server lists its one model without a status and answers ``/props``
+    (the query is ignored) with its own ``total_slots``."""
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models = (200, json.dumps({"data": [{"id": "models/tiny-a.gguf"}]}).encode())
+    host.props = {"models/tiny-a.gguf": props(2)}
+    for _ in range(3):
+        rig.poll("gpu-a")
+        rig.clock.advance(5)
+    assert host.asks == ["models/tiny-a.gguf"]
+    assert rig.state("gpu-a").slots == {"models/tiny-a.gguf": 2}

@@ -143,6 +143,12 @@ async def post_json(stub: Any, path: str, body: dict[str, Any]) -> tuple[int, An
     return response.code, await stub.json_content(response)
 
 
+def error_json(code: int, message: str) -> dict[str, Any]:
+    """llama-server's error answer, as the real router words it."""
+    kind = {400: "invalid_request_error"}.get(code, "server_error")
+    return {"error": {"code": code, "message": message, "type": kind}}
+
+
 async def get_json(stub: Any, path: str) -> tuple[int, Any]:
     response = await stub.get("http://sim" + path)
     return response.code, await stub.json_content(response)
@@ -391,6 +397,35 @@ async def test_model_query_on_router_loads_that_model(path: str) -> None:
     assert response.code == 200
     await stub.content(response)
     assert sim.status("tiny-b") == "loaded"
+
+
+@pytest_twisted.ensureDeferred
+async def test_props_with_autoload_false_answers_a_loaded_model_and_loads_nothing() -> None:
+    """As the router does (``router_validate_model``, ``is_autoload`` in llama.cpp's
+    server-models.cpp): a loaded model's own props, with its ``-np`` as ``total_slots``;
+    a model not loaded is refused with 400, and nothing is loaded."""
+    sim = SimulatedHost(TWO_MODELS, slots=3)
+    stub = stub_for(sim)
+    code, props = await get_json(stub, "/props?model=tiny-a&autoload=false")
+    assert code == 200 and props["total_slots"] == 3 and props["model_alias"] == "tiny-a"
+    assert "role" not in props
+    for autoload in ("false", "0", "no", "False"):  # only "true" and "1" load
+        code, body = await get_json(stub, f"/props?model=tiny-b&autoload={autoload}")
+        assert (code, body) == (400, error_json(400, "model is not loaded"))
+    code, body = await get_json(stub, "/props?model=nope&autoload=false")
+    assert (code, body) == (400, error_json(400, "model 'nope' not found"))
+    assert sim.models == TWO_MODELS  # nothing loaded, nothing unloaded
+    code, props = await get_json(stub, "/props?model=tiny-b&autoload=true")
+    assert code == 200 and props["total_slots"] == 3 and sim.status("tiny-b") == "loaded"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_single_model_server_s_props_have_its_slots_and_no_role() -> None:
+    sim = SimulatedHost({"models/tiny-a.gguf": "loaded"}, router=False, slots=2)
+    stub = stub_for(sim)
+    for path in ("/props", "/props?model=other&autoload=false"):  # the query is ignored
+        code, props = await get_json(stub, path)
+        assert code == 200 and props["total_slots"] == 2 and "role" not in props
 
 
 @pytest_twisted.ensureDeferred

@@ -408,3 +408,44 @@ def test_remove_forgets_a_host_and_its_models() -> None:
     assert table.get("gpu-a") is None and not table.knows("m1")
     table.remove("gpu-a")  # twice: nothing
     assert table.names == ["gpu-b"]
+
+
+def test_slots_are_kept_for_loaded_models_only_and_read_through_capacity() -> None:
+    table, _ = make_table()
+    table.record_slots("gpu-a", "m1", 4)  # not listed as loaded yet: not kept
+    assert get(table).slots == {} and get(table).capacity("m1") is None
+    table.record_ok("gpu-a", ["m1", "m2"], ["m1", "m2", "m3"])
+    table.record_slots("gpu-a", "m1", 4)
+    table.record_slots("gpu-a", "m2", 2)
+    table.record_slots("gpu-a", "m3", 8)  # known, not loaded
+    table.record_slots("nobody", "m1", 4)
+    state = get(table)
+    assert state.slots == {"m1": 4, "m2": 2}
+    assert (state.capacity("m1"), state.capacity("m2"), state.capacity("m3")) == (4, 2, None)
+    assert state.to_json()["slots"] == {"m1": 4, "m2": 2}
+    assert state.healthy and get(table, "gpu-b").slots == {}
+
+    table.record_slots("gpu-a", "m2", None)  # an answer that says nothing usable
+    assert get(table).slots == {"m1": 4}
+    table.record_ok("gpu-a", ["m2"], ["m1", "m2"])  # m1 unloaded: forgotten
+    assert get(table).slots == {} and "slots" not in get(table).to_json()
+
+
+def test_slots_cannot_be_changed_by_a_reader_and_a_state_still_hashes() -> None:
+    table, _ = make_table()
+    table.record_ok("gpu-a", ["m1"], ["m1"])
+    table.record_slots("gpu-a", "m1", 4)
+    state = get(table)
+    with pytest.raises(TypeError):
+        state.slots["m1"] = 64  # type: ignore[index]
+    assert get(table).capacity("m1") == 4
+    assert hash(state) == hash(attrs.evolve(state, slots={"m1": 1}))  # slots are not hashed
+
+
+def test_learning_slots_tells_no_listener() -> None:
+    table, _ = make_table()
+    told: list[tuple[str, str]] = []
+    table.on_change(lambda old, new: told.append((old.state, new.state)))
+    table.record_ok("gpu-a", ["m1"], ["m1"])
+    table.record_slots("gpu-a", "m1", 4)
+    assert told == [("unknown", "up")]

@@ -1,10 +1,14 @@
 """The health poller: ``GET /health`` then ``GET /v1/models`` of every host, on a
 ``LoopingCall`` per host, with treq.
 
-It never asks ``/slots``, ``/metrics`` or ``/props?model=``: in router mode those make
-llama-server load a model. What it learns goes into the :class:`HealthTable`. A host
-with an ``api_key`` gets it on every poll (``llama-server --api-key`` refuses
-``/v1/models`` without it); the client it is given asks for no compression.
+It never asks ``/slots``, ``/metrics`` or a plain ``/props?model=``: in router mode those
+make llama-server load a model. After a good list it asks a few models the host lists as
+loaded for their slots with ``/props?model=X&autoload=false``, which a router answers
+for a loaded X only and loads nothing for (see :mod:`crossbar.fleet.capacity`); an answer
+it cannot use leaves the slots unknown and the host up. What it learns goes into the
+:class:`HealthTable`. A host with an ``api_key`` gets it on every poll
+(``llama-server --api-key`` refuses ``/v1/models`` without it); the client it is given
+asks for no compression.
 
 A model list is digested as it arrives, and read only when it differs from the host's
 last one: a list does not change between most polls, and reading a long one costs more
@@ -29,6 +33,7 @@ from twisted.web.http import RESPONSES
 from twisted.web.iweb import IResponse
 
 from crossbar.config.secrets import Secret
+from crossbar.fleet.capacity import MAX_PROPS_BODY, SlotAsks, props_path, total_slots
 from crossbar.fleet.listing import ModelList, read_models
 from crossbar.fleet.state import HealthTable
 from crossbar.upstream.failures import describe, is_cancellation, stop_producing
@@ -40,7 +45,7 @@ REREAD_SECONDS = 60.0
 """A model list answer over :data:`REREAD_BYTES` (a lab's is tens of KiB) that changed is
 read at most once in this time: reading 8 MiB of tiny entries holds the reactor for up
 to a second, and a host could send a new one on every poll."""
-_CHECKS = {"health": "health check", "models": "model list"}
+_CHECKS = {"health": "health check", "models": "model list", "props": "slot count"}
 
 
 _Headers = dict[bytes | str, list[bytes | str]]
@@ -172,6 +177,8 @@ class Poller(Service):
         self._headers = _authorization(keys)
         self._lists: dict[str, _Read] = {}
         """What each host's last model list read gave, by the digest of its answer."""
+        self._asks: dict[str, SlotAsks] = {}
+        """Which of each host's loaded models were asked for their slots, and when."""
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -210,6 +217,7 @@ class Poller(Service):
     def forget(self, name: str) -> None:
         """Stop polling a host; a poll of it under way is cancelled and not recorded."""
         self._lists.pop(name, None)
+        self._asks.pop(name, None)
         loop = self._loops.pop(name, None)
         if loop is not None and loop.running:
             loop.stop()
@@ -266,14 +274,43 @@ class Poller(Service):
         except CancelledError:
             if self._stopping or name not in self._loops:  # stopping, or forgotten
                 return
-            self.table.record_failure(name, "poll cancelled")
+            self._failed(name, "poll cancelled")
         except PollError as e:
-            self.table.record_failure(name, str(e))
+            self._failed(name, str(e))
         except Exception as e:  # a failing host must never stop the poller
-            self.table.record_failure(name, f"poll: {describe(e)}")
+            self._failed(name, f"poll: {describe(e)}")
         else:
             listed, note = models.listed, models.note
             self.table.record_ok(name, models.loaded, models.known, listed=listed, note=note)
+            await self._learn_slots(name, state.url, models.loaded, timeout)
+
+    def _failed(self, name: str, reason: str) -> None:
+        """Record a failed poll; a host that failed may have restarted with other
+        ``-np``: every loaded model's slots are asked again once it answers."""
+        self._asks.pop(name, None)
+        self.table.record_failure(name, reason)
+
+    async def _learn_slots(
+        self, name: str, url: str, loaded: Iterable[str], timeout: float
+    ) -> None:
+        """Ask the due loaded models' ``/props`` at once (each within ``timeout``), and
+        record what each said; nothing here can mark the host down."""
+        asks = self._asks.setdefault(name, SlotAsks())
+        due = asks.due(loaded, self._clock.seconds())
+        if due:
+            each = [Deferred.fromCoroutine(self._ask(name, url, m, timeout)) for m in due]
+            await DeferredList(each, consumeErrors=True)
+
+    async def _ask(self, name: str, url: str, model: str, timeout: float) -> None:
+        try:
+            body = await self._get(name, url + props_path(model), "props", timeout, None)
+        except CancelledError:
+            raise
+        except Exception:  # refused, timed out, too long: the slots stay unknown
+            slots = None
+        else:
+            slots = total_slots(body)
+        self.table.record_slots(name, model, slots)
 
     def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
         """The host's list: what the last one read gave when the answer is the same to
@@ -323,8 +360,9 @@ class Poller(Service):
         if response.code != 200:
             discard(response)
             raise PollError(f"{what}: HTTP {response.code}")
+        limit = MAX_PROPS_BODY if what == "props" else MAX_POLL_BODY
         try:
-            return await read_limited(response, MAX_POLL_BODY, digest)
+            return await read_limited(response, limit, digest)
         except PollError as e:
             raise PollError(f"{what}: {e}") from None
         except Exception as e:

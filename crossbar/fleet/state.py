@@ -17,6 +17,10 @@ import attrs
 from crossbar.config import HostSettings
 
 
+def _frozen(slots: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(slots))
+
+
 class Clock(Protocol):
     """What the table needs of a reactor: the time."""
 
@@ -46,6 +50,14 @@ class HostState:
     """Entries of the host's last model list, kept or not."""
     models_note: str = ""
     """What of that list was left out (past the cap, bad ids), in words; usually empty."""
+    slots: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen, hash=False)
+    """Slots the host said each loaded model runs (model id -> ``total_slots``), as the
+    poller learned them; a model not loaded, or not yet asked about, has no entry."""
+
+    def capacity(self, model: str) -> int | None:
+        """The slots ``model`` runs here as learned, or ``None`` when unknown; a host's
+        ``slots:`` in the config overrides this (the caller applies it)."""
+        return self.slots.get(model)
 
     @property
     def state(self) -> str:
@@ -67,6 +79,8 @@ class HostState:
         if self.models_note:  # only for a list that was cut or had bad ids
             doc["models_listed"] = self.models_listed
             doc["models_note"] = self.models_note
+        if self.slots:  # only once some are known: without them the document is as before
+            doc["slots"] = dict(sorted(self.slots.items()))
         return doc
 
 
@@ -170,6 +184,7 @@ class HealthTable:
         if known != old.known:
             others = (s.known for n, s in self._states.items() if n != name)
             self._models = frozenset(known).union(*others)
+        loaded = tuple(sorted(set(loaded)))
         consecutive = old.consecutive + 1
         healthy = not old.has_failed or consecutive >= self.settings[name].recovery_polls
         self._set(
@@ -177,8 +192,9 @@ class HealthTable:
                 old,
                 healthy=healthy,
                 fails=0 if healthy and not old.healthy else old.fails,
-                loaded=tuple(sorted(set(loaded))),
+                loaded=loaded,
                 known=known,
+                slots={m: n for m, n in old.slots.items() if m in loaded},
                 consecutive=consecutive,
                 last_ok=self._clock.seconds(),
                 last_err="",
@@ -188,6 +204,18 @@ class HealthTable:
                 models_note=note,
             )
         )
+
+    def record_slots(self, name: str, model: str, slots: int | None) -> None:
+        """What the host said of a loaded model's slots (``None``: nothing usable). Kept
+        only while the model is loaded, as last listed; nobody is told: up or down is
+        unchanged."""
+        old = self._states.get(name)
+        if old is None or (model not in old.loaded and model not in old.slots):
+            return
+        learned = {m: n for m, n in old.slots.items() if m != model}
+        if slots is not None and model in old.loaded:
+            learned[model] = slots
+        self._states[name] = attrs.evolve(old, slots=learned)
 
     def record_failure(self, name: str, reason: str, *, poll: bool = True) -> None:
         old = self._states.get(name)

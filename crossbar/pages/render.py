@@ -200,13 +200,22 @@ def _names(names: Sequence[str]) -> Flattenable:
     return ", ".join(names) if names else _muted("none")
 
 
-def _models(names: Sequence[str], note: str = "") -> Flattenable:
+def _models(
+    names: Sequence[str], note: str = "", slots: Mapping[str, int] | None = None
+) -> Flattenable:
     """Model ids, each kept on one line: a browser would break ``qwen3-coder-30b`` at a
     hyphen, and a reader would see two models. The first :data:`PAGE_MODELS` only, then
-    how many more; ``note`` says what of the host's list was left out."""
+    how many more; ``note`` says what of the host's list was left out, ``slots`` how many
+    slots each runs, where known."""
     shown: Flattenable = _muted("none")
+    slots = slots or {}
     if names:
-        spans = (tags.span(name, class_="model") for name in names[:PAGE_MODELS])
+        spans = (
+            tags.span(
+                name, _muted(f" ({slots[name]} slots)") if name in slots else "", class_="model"
+            )
+            for name in names[:PAGE_MODELS]
+        )
         shown = _joined(", ", spans)
         if len(names) > PAGE_MODELS:
             more = f"and {len(names) - PAGE_MODELS:,} more ({len(names):,} in all)"
@@ -332,7 +341,7 @@ class StatusPage(Element):
             "state": _mark(state.state),
             "last_ok": self._last_ok(state),
             "error": tags.span(state.last_err, class_="err") if state.last_err else "",
-            "loaded": _models(state.loaded),
+            "loaded": _models(state.loaded, slots=state.slots),
             "known": _models(state.known, state.models_note),
             "consecutive": str(state.consecutive),
             "in_flight": str(self.in_flight.get(name, 0)),

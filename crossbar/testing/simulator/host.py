@@ -282,12 +282,15 @@ class SimulatedHost:
         return name
 
     async def _ready(self, request: Request, name: str, *, touch: bool) -> None:
-        """The router's check of a requested model; it loads the model unless told not to."""
-        autoload = serving.query(request, "autoload") not in ("false", "0")
+        """The router's check of a requested model; it loads the model unless told not to
+        (``autoload`` other than ``true`` or ``1``, as the router reads it)."""
+        asked = serving.query(request, "autoload")
+        autoload = asked in ("", "true", "1")
         await self._table.ready(name, autoload=autoload, touch=touch)
 
     async def _info(self, request: Request, path: str) -> None:
-        """/props, /slots, /metrics: in router mode ``?model=X`` loads X first (!)."""
+        """/props, /slots, /metrics: in router mode ``?model=X`` loads X first (!), unless
+        ``autoload=false``: then a model not loaded is ``400 model is not loaded``."""
         name = serving.query(request, "model")
         if not self.router:
             name = self._single_model()
@@ -297,7 +300,7 @@ class SimulatedHost:
         else:
             await self._ready(request, name, touch=False)
         if path == "/props":
-            serving.send(request, 200, dumps(model_props(name)))
+            serving.send(request, 200, dumps(model_props(name, self.slots)))
         elif path == "/slots":
             serving.send(request, 200, dumps(SLOTS))
         else:

@@ -181,11 +181,11 @@ def router_props(models_max: int) -> dict[str, Any]:
     }
 
 
-def model_props(name: str) -> dict[str, Any]:
-    """One model's ``/props``."""
+def model_props(name: str, slots: int) -> dict[str, Any]:
+    """One model's ``/props``: ``total_slots`` is its ``-np``."""
     return {
         "default_generation_settings": {"id": 0, "n_ctx": 4096, "params": {}},
-        "total_slots": 1,
+        "total_slots": slots,
         "model_alias": name,
         "model_path": f"/m/{name}.gguf",
         "build_info": BUILD_INFO,
