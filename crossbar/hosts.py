@@ -57,6 +57,8 @@ class Hosts:
         self.table = HealthTable(config.urls, reactor, settings)
         self.table.on_change(log_transition)
         self.traffic = Traffic(config.hosts, config.routes, _slots(config))
+        self._config = config
+        self.table.slots_learned = self._slots_learned
         self._pool = make_pool(reactor, per_host=1)
         self.client = HTTPClient(make_agent(reactor, self._pool, {}, {}))
         """treq for crossbar's own asks that are not polls (other workers' metrics)."""
@@ -75,6 +77,11 @@ class Hosts:
         self.recent = RecentTraffic(config.hosts, reactor, _affine(config))
         self.closer = _ClosePools([self._pool], self._poll_pools, self.upstreams)
 
+    def _slots_learned(self) -> None:
+        """A host said how many slots a model runs: ``cache_affinity`` counts with them."""
+        config = self._config
+        self.traffic.policies.reload(config.routes, _slots(config, self.table.view))
+
     def apply(self, changes: Changes) -> list[str]:
         """Take the hosts and routes of a reloaded config; returns the hosts that left
         the config but finish their requests first."""
@@ -83,7 +90,9 @@ class Hosts:
         # comes back before its last request ended: a new host.
         known = self._configured
         fresh = [n for n, h in config.hosts.items() if n in known and moved(known[n], h)]
+        self._config = config
         leaving = self.traffic.set_hosts(config.hosts, config.routes, _slots(config), self._gone)
+        self._slots_learned()  # what hosts said of their slots counts where the config is silent
         hosts = {**{n: known[n] for n in leaving}, **config.hosts}
         self._configured = hosts
         self.table.set_hosts(config.urls, config.settings, fresh=fresh, keep=leaving)
@@ -150,8 +159,14 @@ class _ClosePools(Service):
         return DeferredList([*closing, self._upstreams.close()])
 
 
-def _slots(config: Config) -> dict[str, int]:
-    return {name: h.slots for name, h in config.hosts.items() if h.slots is not None}
+def _slots(config: Config, states: Mapping[str, HostState] | None = None) -> dict[str, int]:
+    """Each host's slots as ``cache_affinity`` counts them: the config's ``slots:``, else
+    what the host said of its loaded models (the most any of them runs)."""
+    slots = {name: h.slots for name, h in config.hosts.items() if h.slots is not None}
+    for name, state in (states or {}).items():
+        if name not in slots and name in config.hosts and state.slots:
+            slots[name] = max(state.slots.values())
+    return slots
 
 
 def _cas(hosts: Mapping[str, HostConfig]) -> dict[str, bytes]:

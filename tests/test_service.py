@@ -223,3 +223,33 @@ def test_the_start_up_lines_say_which_routes_want_keys_and_where_the_pages_are(
         "(Authorization: Bearer <key>)",
     ]
     assert not any("secret" in line for line in lines)
+
+
+def test_cache_affinity_counts_the_slots_a_host_said_it_has() -> None:
+    """Without ``slots:`` in the config, what the poller learned of a host's loaded model
+    (its ``total_slots``) is what ``cache_affinity`` keeps its conversations within."""
+    from twisted.internet.task import Clock
+
+    from crossbar.config import parse_config
+    from crossbar.fleet.policies import CacheAffinity
+    from crossbar.hosts import Hosts
+
+    config = parse_config(
+        {
+            "hosts": {
+                "gpu-a": "http://127.0.0.1:18081",
+                "gpu-b": {"url": "http://127.0.0.1:18082", "slots": 2},
+            },
+            "routes": {"lab": {"hosts": ["gpu-a", "gpu-b"], "policy": "cache_affinity"}},
+        }
+    )
+    hosts = Hosts(config, Clock())
+    policy = hosts.traffic.policies.named("cache_affinity")
+    assert isinstance(policy, CacheAffinity)
+    assert policy.conversations.slots == {"gpu-b": 2}
+    hosts.table.record_ok("gpu-a", ["m"], ["m"])
+    hosts.table.record_slots("gpu-a", "m", 4)
+    assert policy.conversations.slots == {"gpu-a": 4, "gpu-b": 2}
+    hosts.table.record_ok("gpu-b", ["m"], ["m"])
+    hosts.table.record_slots("gpu-b", "m", 8)  # the config's word wins
+    assert policy.conversations.slots == {"gpu-a": 4, "gpu-b": 2}

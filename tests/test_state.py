@@ -449,3 +449,14 @@ def test_learning_slots_tells_no_listener() -> None:
     table.record_ok("gpu-a", ["m1"], ["m1"])
     table.record_slots("gpu-a", "m1", 4)
     assert told == [("unknown", "up")]
+
+
+def test_what_a_host_says_of_its_slots_is_told_once_it_changes() -> None:
+    told: list[int] = []
+    table = HealthTable({"gpu-a": "http://a"}, Clock())
+    table.slots_learned = lambda: told.append(1)
+    table.record_ok("gpu-a", ["m"], ["m"])
+    table.record_slots("gpu-a", "m", 4)
+    table.record_slots("gpu-a", "m", 4)  # the same again: nothing to tell
+    table.record_slots("gpu-a", "m", 2)
+    assert len(told) == 2

@@ -106,6 +106,8 @@ class HealthTable:
         }
         """Every host's settings: the one place the poller and the proxy read them."""
         self._listeners: list[Callable[[HostState, HostState], None]] = []
+        self.slots_learned: Callable[[], None] | None = None
+        """Told when what a host said of its models' slots changed."""
         self._models: frozenset[str] = frozenset()
 
     def set_hosts(
@@ -216,6 +218,8 @@ class HealthTable:
         if slots is not None and model in old.loaded:
             learned[model] = slots
         self._states[name] = attrs.evolve(old, slots=learned)
+        if learned != old.slots and self.slots_learned is not None:
+            self.slots_learned()
 
     def record_failure(self, name: str, reason: str, *, poll: bool = True) -> None:
         old = self._states.get(name)
