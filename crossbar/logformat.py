@@ -97,6 +97,7 @@ def _request(record: RequestRecord, model: object) -> dict[str, object]:
         "ms": round(record.seconds * 1000),
         "ttfb_ms": None if first_byte is None else round(first_byte * 1000),
         "bytes": record.sent,
+        "wait_ms": None if record.waited is None else round(record.waited * 1000),
         "note": "; ".join(notes) if notes else None,
     }
 

@@ -35,6 +35,7 @@ from crossbar.server.context import ProxyContext
 from crossbar.server.draining import count_requests
 from crossbar.server.front import FrontDoor, PageResources, Private
 from crossbar.server.resources import ProxyResource
+from crossbar.server.waiting import Waits
 from crossbar.upstream.failures import describe
 
 log = Logger()
@@ -66,6 +67,7 @@ class Crossbar(MultiService):
         self.metrics = Metrics(self.table, self.traffic)
         self.metrics.count_reloads(self.reloads)
         self._observer = Observers(self.metrics, self.recent, AccessLog(self.table.knows))
+        self.waits = Waits(self.traffic, self.table, reactor)
         self.proxy = ProxyResource(self._context(config))
         self.status = self._status_app(config, reactor, worker)
         shared = worker is not None or config.listen_reuse_port
@@ -112,12 +114,14 @@ class Crossbar(MultiService):
         if self.status.draining:
             return
         self.status.draining = True
+        self.waits.drain()  # nobody waits for a slot of a crossbar that stops
         await self.door.drain(self.config.drain_timeout)
 
     def _context(self, config: Config) -> ProxyContext:
-        hosts = self.hosts
+        hosts, reactor, observer = self.hosts, self._reactor, self._observer
+        self.waits.configure(config)
         traffic, upstreams = hosts.traffic, hosts.upstreams
-        return ProxyContext(config, hosts.table, traffic, upstreams, self._reactor, self._observer)
+        return ProxyContext(config, hosts.table, traffic, upstreams, reactor, observer, self.waits)
 
     # -- reload ----------------------------------------------------------------------------
 

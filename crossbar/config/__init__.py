@@ -15,18 +15,20 @@ from crossbar.config.model import (
     RouteConfig,
     WhenAllDown,
 )
-from crossbar.config.secrets import Secret, mask_url, matches
+from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, mask_url, matches
 from crossbar.config.show import effective, to_yaml
 
 __all__ = [
     "DEMO_SOURCE",
     "LISTEN_BACKLOG",
     "POLICIES",
+    "PRIORITIES",
     "WHEN_ALL_DOWN",
     "Config",
     "ConfigError",
     "HostConfig",
     "HostSettings",
+    "KeyHolder",
     "Limits",
     "Network",
     "Policy",

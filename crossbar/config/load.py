@@ -36,7 +36,7 @@ from crossbar.config.model import (
     Limits,
     RouteConfig,
 )
-from crossbar.config.secrets import Secret, expand, mask_url
+from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, expand, mask_url
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
@@ -48,7 +48,12 @@ _ROUTE_KEYS = {
     "list_models",
     "api_keys",
     "affinity_max_load",
+    "queue",
+    "max_waiting",
+    "wait_timeout",
 }
+_HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
+_HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 _HOST_KEYS = {"url", "api_key", "tls_ca", "slots"} | SETTING_KEYS
 _LIMIT_PARSERS: dict[str, Any] = {
     "head_timeout": parse_duration,
@@ -121,9 +126,32 @@ class _Reader:
         return tuple(self.key(f"{key}[{i}]", item) for i, item in enumerate(value))
 
     def key(self, key: str, value: object) -> Secret:
+        if isinstance(value, dict):
+            return self.held_key(key, value)
         if not isinstance(value, str):
             raise self.fail(key, f"must be a string (a key or ${{VARIABLE}}), not {_kind(value)}")
         return self.convert(key, expand, value)  # type: ignore[no-any-return]
+
+    def held_key(self, key: str, value: dict[str, Any]) -> Secret:
+        """``{name: alice, key: "${ALICE_KEY}", priority: interactive, ...}``."""
+        body = self.mapping(value, key, _HOLDER_KEYS)
+        for required in ("name", "key"):
+            if required not in body:
+                raise self.fail(_join(key, required), "is missing")
+        name = body["name"]
+        if not isinstance(name, str) or not _HOLDER_NAME.fullmatch(name):
+            problem = "must be 1 to 64 letters, digits, '.', '_', '@' or '-'"
+            raise self.fail(_join(key, "name"), problem)
+        priority = self.one_of(_join(key, "priority"), body.get("priority", "normal"), PRIORITIES)
+        limits = {
+            field: self.convert(_join(key, field), parse_count, body[field])
+            for field in ("max_in_flight", "max_waiting")
+            if field in body
+        }
+        secret = self.key(_join(key, "key"), body["key"])
+        if secret.holder is not None:
+            raise self.fail(_join(key, "key"), "must be a string (a key or ${VARIABLE})")
+        return attrs.evolve(secret, holder=KeyHolder(name, priority, **limits))
 
     def convert(self, key: str, parse: Any, value: object) -> Any:
         try:
@@ -306,6 +334,9 @@ def _route(
         cast(model_.ListModels, listing),
         r.keys(f"{key}.api_keys", body["api_keys"]) if "api_keys" in body else api_keys,
         _max_load(r, key, body, policy),
+        r.convert(f"{key}.queue", parse_flag, body.get("queue", True)),
+        r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
+        r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
     )
 
 

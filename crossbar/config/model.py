@@ -94,6 +94,13 @@ class RouteConfig:
     """``cache_affinity``: a conversation leaves its home host only when that host has
     more requests in flight than this times the group's average (and 2 more than the
     least busy)."""
+    queue: bool = True
+    """Requests wait in crossbar when every host of their group has all its slots busy
+    (where slots are known); ``False``: sent on at once, for the host to queue."""
+    max_waiting: int = 256
+    """Requests of this route waiting in crossbar at once; more are answered 429."""
+    wait_timeout: float = 120.0
+    """Seconds a request may wait in crossbar for a slot; then it is answered 429."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

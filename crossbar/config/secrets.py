@@ -25,13 +25,32 @@ _PASSWORD = re.compile(r"(?<=//)([^/@:?#\s'\"]*):[^\s'\"]*@")
 password may hold ``/``, ``?``, ``#`` and ``@``, which end an authority for urllib."""
 
 
+PRIORITIES = ("interactive", "normal", "batch")
+"""The bands of a busy fleet's queue, first served first: strict between bands."""
+
+
+@attrs.frozen
+class KeyHolder:
+    """Who holds a key (``api_keys`` in mapping form): the name shown everywhere in the
+    key's place, and the holder's share of a busy fleet."""
+
+    name: str
+    priority: str = "normal"
+    """One of :data:`PRIORITIES`."""
+    max_in_flight: int | None = None
+    """Requests of this holder's sent to hosts at once; more wait in crossbar."""
+    max_waiting: int | None = None
+    """Requests of this holder's waiting at once; more are answered 429."""
+
+
 @attrs.frozen(repr=False)
 class Secret:
     """A key. ``value`` is for the wire only; ``source`` says where it came from
-    (``${NAME}`` or ``literal``) and is all that is ever shown."""
+    (``${NAME}`` or ``literal``) and is all that is ever shown, with its holder's name."""
 
     value: bytes = attrs.field(eq=True)
     source: str = attrs.field(default="literal", eq=False)
+    holder: KeyHolder | None = attrs.field(default=None, eq=False)
 
     def __repr__(self) -> str:
         return f"Secret({self.source}: {MASK})"

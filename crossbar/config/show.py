@@ -50,8 +50,10 @@ def to_yaml(config: Config) -> str:
 
 
 def _masked(key: Secret) -> str:
-    """``literal (****)`` or ``${NAME} (****)``: where a key came from, never what it is."""
-    return f"{key.source} ({MASK})"
+    """``literal (****)`` or ``alice: ${NAME} (****)``: whose it is and where it came from,
+    never what it is."""
+    shown = f"{key.source} ({MASK})"
+    return shown if key.holder is None else f"{key.holder.name}: {shown}"
 
 
 def _limits(limits: Limits) -> dict[str, Any]:
@@ -89,4 +91,7 @@ def _route(route: RouteConfig) -> dict[str, Any]:
         "when_all_down": route.when_all_down,
         "list_models": route.list_models,
         "api_keys": [_masked(key) for key in route.api_keys],
+        "queue": route.queue,
+        "max_waiting": route.max_waiting,
+        "wait_timeout": route.wait_timeout,
     }

@@ -56,6 +56,8 @@ class RequestRecord:
     """The home host a ``cache_affinity`` conversation was moved away from."""
     refused: bool = False
     """Refused from its head at the door: never reached the proxy (counted by the site)."""
+    waited: float | None = None
+    """Seconds it waited in crossbar for a slot; ``None``: it did not wait."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""

@@ -1,12 +1,15 @@
-"""What the proxy is carrying now: requests in flight per host, and the routes' policies
-with their state (each route's round-robin turn, where ``cache_affinity`` conversations
-went). The proxy changes it; the pages and metrics read it."""
+"""What the proxy is carrying now: requests in flight per host (and per host and model,
+against its slots), and the routes' policies with their state (each route's round-robin
+turn, where ``cache_affinity`` conversations went). The proxy changes it; the pages and
+metrics read it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from crossbar.fleet.policies import Policies
+from crossbar.fleet.queue import FairQueue
 
 
 class Traffic:
@@ -16,8 +19,19 @@ class Traffic:
         self, hosts: Iterable[str], routes: Iterable[str], slots: Mapping[str, int] | None = None
     ) -> None:
         self.in_flight: dict[str, int] = dict.fromkeys(hosts, 0)
+        self.busy: dict[tuple[str, str | None], int] = {}
+        """Requests in flight per host and model (a model's slots are its own in router
+        mode); an entry goes with its last request, so a client's made-up model names
+        cannot grow it."""
+        self.slots: dict[str, int] = dict(slots or {})
+        """Each host's ``slots:`` from the config."""
+        self.freed: Callable[[str, str | None], None] | None = None
+        """Told when a request leaves a host: one of its slots for that model is free."""
         self.policies = Policies(routes, slots)
         """One of each policy, with its state; a route asks its own."""
+        self.queue: FairQueue[Any] = FairQueue()
+        """Requests waiting in crossbar for a slot (:mod:`crossbar.server.waiting`): it
+        outlives a reload, as they do."""
 
         self.leaving: dict[str, Callable[[str], None]] = {}
         """Hosts gone from the config that still carry requests, each with what to call
@@ -46,15 +60,31 @@ class Traffic:
             else:
                 del self.in_flight[name]
                 self.leaving.pop(name, None)
+        self.slots = dict(slots)
         self.policies.reload(routes, slots)
         return left
 
-    def move(self, old: str | None, new: str | None) -> None:
-        """A request leaves host ``old`` (if any) for host ``new`` (if any)."""
+    def move(self, old: str | None, new: str | None, model: str | None = None) -> None:
+        """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any)."""
+        busy = self.busy
         if old is not None:
             self.in_flight[old] -= 1
+            left = busy[old, model] - 1
+            if left:
+                busy[old, model] = left
+            else:
+                del busy[old, model]
             if old in self.leaving and not self.in_flight[old]:
                 del self.in_flight[old]
                 self.leaving.pop(old)(old)
         if new is not None:
             self.in_flight[new] += 1
+            busy[new, model] = busy.get((new, model), 0) + 1
+        if old is not None and self.freed is not None:
+            self.freed(old, model)
+
+    def full(self, host: str, model: str | None, learned: Mapping[str, int]) -> bool:
+        """Whether every slot ``host`` has for ``model`` is taken: its ``slots:`` from the
+        config, else what it said of the model (``learned``); never when unknown."""
+        slots = self.slots.get(host) or learned.get(model or "")
+        return slots is not None and self.busy.get((host, model), 0) >= slots

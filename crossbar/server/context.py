@@ -10,6 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar.config import Config, HostSettings
 from crossbar.fleet import HealthTable, ProxyObserver, Traffic
 from crossbar.server.rewrite import host_keys
+from crossbar.server.waiting import Waits
 from crossbar.upstream import Upstreams
 
 
@@ -23,6 +24,8 @@ class ProxyContext:
     upstreams: Upstreams
     clock: IReactorTime
     observer: ProxyObserver
+    waits: Waits | None = None
+    """Where requests wait for a slot; ``None``: every request is sent on at once."""
     settings: Mapping[str, HostSettings] = attrs.field(
         init=False, default=attrs.Factory(lambda self: self.table.settings, takes_self=True)
     )

@@ -27,28 +27,20 @@ from twisted.web.http import PotentialDataLoss
 
 from crossbar.config import RouteConfig
 from crossbar.fleet import Ask, Conversation, Placement, RequestRecord, merged_listing
+from crossbar.fleet.queue import Flow, Refused, Waiting
+from crossbar.server.asking import Asked, read_request, route_of
 from crossbar.server.context import ProxyContext
-from crossbar.server.peek import with_model
 from crossbar.server.phases import ENDED, MOVES, Phase
 from crossbar.server.request import answer_json, release_body
-from crossbar.server.rewrite import (
-    BODYLESS,
-    BadTarget,
-    answer_headers,
-    parse_target,
-    trusted_proxy,
-    upstream_headers,
-)
-from crossbar.server.shapes import SHAPES, read_body
+from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
+from crossbar.server.waiting import Waits, flow_of
 from crossbar.upstream import Discard, Response, describe, is_cancellation
 
 __all__ = ["Exchange", "Phase", "ProxyContext"]
 
 log = Logger()
-
-
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 """Failures that happen before any answer: the request can be tried on another host."""
 
@@ -65,26 +57,22 @@ class Exchange:
         self.host: str | None = None
         self.tried: list[str] = []
         self.path = b"-"
-        self.model: str | None = None
-        """The model the choice of host goes by: the body's, else the route's default."""
+        self.model: str | None = None  # as in :class:`~crossbar.server.asking.Asked`
         self.asked: str | None = None
-        """The model the request's body asks for (the route's default filled in), if it
-        is a JSON object; a GET of /v1/models asks for none."""
         self.conversation: Conversation | None = None
-        """The conversation, on a route whose policy places by it."""
         self.placement: Placement | None = None
         """Where the policy placed the conversation, for the last host tried."""
         self.first_byte: float | None = None
-        self._url_rest = b""
-        self._headers = b""
-        self._credentials = b""
-        """The client's own credential lines, for a host without a key of its own."""
+        self._asked = Asked()
         self._forward_body: bytes | None = None
-        self._attempt_started = 0.0
+        self._attempt_started = self._sent = 0.0
         self._counted: str | None = None
         self._pending: Deferred[Response] | None = None
         self._deadline: IDelayedCall | None = None
         self._body: StreamBody | None = None
+        self._waiting: Waiting[Exchange] | None = None
+        self._flow: Flow | None = None  # who it is, where slots are counted
+        self.waited: float | None = None  # seconds it waited in crossbar for a slot
 
     def _enter(self, phase: Phase) -> None:
         """The one place the exchange moves on; a move not in :data:`MOVES` is a bug."""
@@ -111,79 +99,52 @@ class Exchange:
     def _prepare(self) -> bool:
         """Rules that need no upstream: route, path, body limit, model. False when the
         request was answered here (a route's merged model list)."""
-        request = self.request
+        request, proxy = self.request, self.proxy
         assert request.uri is not None and request.method is not None
         self.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
-        target = parse_target(request.uri)
-        route = self.proxy.config.routes.get(target.route)
-        if route is None:
-            raise BadTarget(404, "unknown route")
-        self.route = route
-        self.path = target.rest
-        shape = SHAPES.get(target.rest)
-        if shape is None:
-            raise BadTarget(404, "not found")
+        route, target, shape = route_of(proxy.config, request.uri)
+        self.route, self.path = route, target.rest
         if route.list_models == "merged" and target.rest == b"/v1/models":
-            listing = merged_listing(route, self.proxy.table.view, int(self.started))
+            listing = merged_listing(route, proxy.table.view, int(self.started))
             if listing is None:
                 raise BadTarget(503, "no healthy host")
             self._enter(Phase.ANSWERED)
-            answer_json(self.request, 200, listing)
+            answer_json(request, 200, listing)
             return False
-
-        body = request.content.getvalue() if request.content is not None else b""
-        self.model = default = route.default_model
-        if body and request.method not in (b"GET", b"HEAD"):
-            places = self.proxy.traffic.policies.of(route).reads_conversations
-            facts = read_body(shape, body, default, places and request.method == b"POST")
-            peek = facts.peek
-            if peek.model is not None:
-                self.model = self.asked = peek.model
-            elif peek.missing and default is not None:
-                body = with_model(body, default)
-                self.asked = default
-                release_body(request, keep_reserved=True)  # the copy is the one kept
-            self.conversation = facts.conversation
-        if body or request.method not in BODYLESS:
-            self._forward_body = body
-        self._url_rest = target.rest + (b"?" + target.query if target.query else b"")
-        client = getattr(request.getClientAddress(), "host", None) or "unknown"
-        proxies = self.proxy.config.trusted_proxies
-        self._headers, credentials = upstream_headers(
-            request.requestHeaders.getAllRawHeaders(),
-            client,
-            request.isSecure(),
-            bool(proxies) and trusted_proxy(client, proxies),
-        )
-        if not route.api_keys:  # a key for crossbar is never one for a host
-            self._credentials = credentials
+        places = proxy.traffic.policies.of(route).reads_conversations
+        asked = read_request(request, proxy.config, route, target, shape, places)
+        self.model, self.asked, self.conversation = asked.model, asked.asked, asked.conversation
+        self._asked, self._forward_body = asked, asked.body
         return True
 
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
         route, proxy = self.route, self.proxy
         assert route is not None
-        ask = Ask(self.model, self.conversation, self.tried, proxy.clock.seconds())
+        exclude, waits = self.tried, proxy.waits
         policy = proxy.traffic.policies.of(route)
+        if waits is not None and route.queue and waits.active():
+            if not self.tried and self.waited is None and waits.must_wait(route, self.model, ()):
+                self._queue(waits, route)
+                return
+            if self.waited is not None or not policy.reads_conversations:
+                exclude = exclude + waits.full_hosts(route, self.model, exclude)
+            if self._flow is None:  # counted in its flow's share (a popped one is already)
+                self._flow = self._flow_of(route)
+                waits.started(self._flow)
+        ask = Ask(self.model, self.conversation, exclude, proxy.clock.seconds())
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
         if choice is None:
             if last_error is None:
                 raise BadTarget(503, "no healthy host")
             assert self.host is not None
-            if timed_out:
-                self.fail(504, "upstream timeout", host=self.host)
-            else:
-                self.fail(502, "upstream failed", host=self.host)
+            status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
+            self.fail(status, error, host=self.host)
             return
         host = choice.host
         self.placement = choice.placement
         if last_error is not None:
-            log.warn(
-                "route {route}: {failed} failed before answering ({why}); trying {host}",
-                route=route.name,
-                failed=self.host,
-                why=last_error,
-                host=host,
-            )
+            said = "route {route}: {failed} failed before answering ({why}); trying {host}"
+            log.warn(said, route=route.name, failed=self.host, why=last_error, host=host)
         self._enter(Phase.WAITING)
         self.host = host
         self.tried.append(host)
@@ -191,8 +152,10 @@ class Exchange:
         method = self.request.method
         assert method is not None
         self._attempt_started = proxy.clock.seconds()
-        headers = self._headers + proxy.host_keys.get(host, self._credentials)
-        d = proxy.upstreams.request(host, method, self._url_rest, headers, self._forward_body)
+        self._sent = self._sent or self._attempt_started
+        asked = self._asked
+        headers = asked.headers + proxy.host_keys.get(host, asked.credentials)
+        d = proxy.upstreams.request(host, method, asked.url_rest, headers, self._forward_body)
         self._pending = d
         timeout = proxy.settings[host].header_timeout
         self._deadline = proxy.clock.callLater(timeout, self._no_answer)
@@ -201,8 +164,42 @@ class Exchange:
 
     def _count(self, host: str | None) -> None:
         """Keep the requests in flight right as the request moves from host to host."""
-        self.proxy.traffic.move(self._counted, host)
+        self.proxy.traffic.move(self._counted, host, self.model)
         self._counted = host
+
+    # -- waiting for a slot ----------------------------------------------------------------
+
+    def _flow_of(self, route: RouteConfig) -> Flow:
+        headers = self.request.requestHeaders.getAllRawHeaders()
+        return flow_of(route, headers, self._asked.client)
+
+    def _queue(self, waits: Waits, route: RouteConfig) -> None:
+        """Every slot of the group is busy: wait in crossbar (or be refused, past a limit)."""
+        placed = waits.wait(self, route, self.model, self._flow_of(route))
+        if isinstance(placed, Refused):
+            self.shed(placed)
+            return
+        self._waiting = placed
+        self._enter(Phase.QUEUED)
+
+    def dispatched(self, waited: float) -> None:
+        """A slot of its group is free: on to choosing, among the hosts with room."""
+        assert self._waiting is not None
+        self._flow, self._waiting = self._waiting.flow, None  # started, as it was taken
+        self.waited = waited
+        self._enter(Phase.CHOOSING)
+        try:
+            self._try_next()
+        except BadTarget as e:
+            self.fail(e.status, str(e))
+
+    def shed(self, refused: Refused) -> None:
+        """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""
+        self._waiting = None
+        retry = {b"retry-after": b"%d" % refused.retry_after}
+        if not self.ended:
+            self._enter(Phase.ANSWERED)
+            answer_json(self.request, refused.status, {"error": refused.error}, None, retry)
 
     # -- waiting for the head --------------------------------------------------------------
 
@@ -361,11 +358,15 @@ class Exchange:
         """The client's side is over: the answer was sent, or the client left."""
         if not self.ended:  # the client left first
             self._enter(Phase.CLIENT_LEFT)
-            if self._pending is not None:
+            if self._waiting is not None and self.proxy.waits is not None:
+                self.proxy.waits.leave(self._waiting)  # no host ever sees it
+            elif self._pending is not None:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
         self._count(None)
+        if self._flow is not None and self.proxy.waits is not None:
+            self.proxy.waits.finished(self._flow, self.proxy.clock.seconds() - self._sent)
         self.proxy.observer.request_done(self.record())
 
     def record(self) -> RequestRecord:
@@ -388,6 +389,7 @@ class Exchange:
             cut_off=self.phase is Phase.CUT_OFF,
             client_left=left,
             moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,
+            waited=self.waited,
         )
 
 

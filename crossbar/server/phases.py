@@ -2,8 +2,10 @@
 moves between them::
 
     CHOOSING -> WAITING -> STREAMING -> ANSWERED | CUT_OFF
-       ^           |
-       +-----------+  (failover: the host failed before any answer)
+     |  ^  ^       |
+     |  |  +-------+  (failover: the host failed before any answer)
+     v  |
+    QUEUED            (every slot of its group busy: it waits in crossbar, then is sent)
 
 and from any phase not yet ended to ``ANSWERED`` (an answer made here: an error, a merged
 model list) or ``CLIENT_LEFT``. Pure values, no I/O.
@@ -19,6 +21,8 @@ class Phase(enum.Enum):
 
     CHOOSING = "choosing a host"
     """Reading the request and choosing a host (again, after a failure before any answer)."""
+    QUEUED = "waiting for a slot"
+    """Every slot of its group is busy: it waits in crossbar (:mod:`crossbar.server.waiting`)."""
     WAITING = "waiting for the host's head"
     """Sent to a host (connecting included); no status line yet."""
     STREAMING = "streaming the answer"
@@ -33,7 +37,8 @@ class Phase(enum.Enum):
 
 ENDED = frozenset({Phase.ANSWERED, Phase.CUT_OFF, Phase.CLIENT_LEFT})
 MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.CHOOSING: frozenset({Phase.WAITING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
+    Phase.CHOOSING: frozenset({Phase.WAITING, Phase.QUEUED, Phase.ANSWERED, Phase.CLIENT_LEFT}),
+    Phase.QUEUED: frozenset({Phase.CHOOSING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
     Phase.WAITING: frozenset({Phase.CHOOSING, Phase.STREAMING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
     Phase.STREAMING: ENDED,
 }

@@ -169,7 +169,11 @@ def release_body(request: server.Request, keep_reserved: bool = False) -> None:
 
 
 def answer_json(
-    request: server.Request, status: int, payload: dict[str, Any], host: str | None = None
+    request: server.Request,
+    status: int,
+    payload: dict[str, Any],
+    host: str | None = None,
+    extra: dict[bytes, bytes] | None = None,
 ) -> None:
     """Answer with JSON made here, not by a host (``host``: the one it was about)."""
     body = json_body(payload)
@@ -177,6 +181,8 @@ def answer_json(
     request.responseHeaders = Headers(
         {b"content-type": [b"application/json"], b"content-length": [b"%d" % len(body)]}
     )
+    for name, value in (extra or {}).items():
+        request.responseHeaders.setRawHeaders(name, [value])
     if host is not None:
         request.responseHeaders.setRawHeaders(b"x-crossbar-host", [host.encode()])
     request.write(body)

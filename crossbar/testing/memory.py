@@ -26,6 +26,7 @@ from crossbar.fleet import HealthTable, RequestRecord, Traffic
 from crossbar.server.context import ProxyContext
 from crossbar.server.resources import ProxyResource, RootResource
 from crossbar.server.site import Channel, Site
+from crossbar.server.waiting import Waits
 from crossbar.upstream import Upstreams
 
 CLIENT = IPv4Address("TCP", "127.0.0.1", 40000)
