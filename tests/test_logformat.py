@@ -72,6 +72,7 @@ def test_a_twistd_log_file_gets_one_json_object_per_line(tmp_path: Path) -> None
         "ms": 0,
         "ttfb_ms": None,
         "bytes": 0,
+        "wait_ms": None,
         "note": None,
     }
     [host] = [line for line in lines if line["event"] == "host"]

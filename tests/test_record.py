@@ -29,6 +29,7 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "client_left": False,
         "moved_from": None,
         "refused": False,
+        "waited": None,
     }
 
 
@@ -39,6 +40,8 @@ def test_the_notes_say_what_went_unusually_in_order() -> None:
     # An answer cut off by crossbar is not also one the client left.
     both = RequestRecord("r", "b", 200, 1.0, tried=("b",), cut_off=True, client_left=True)
     assert both.notes() == ["answer cut off"]
+    waited = RequestRecord("r", "b", 200, 1.0, waited=2.25)
+    assert waited.notes() == ["waited 2250ms for a slot"]
 
 
 def test_every_observer_is_told_of_every_record_in_turn() -> None:

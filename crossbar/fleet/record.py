@@ -66,6 +66,8 @@ class RequestRecord:
             notes.append(f"tried {', '.join(self.tried)}")
         if self.moved_from is not None:
             notes.append(f"moved from {self.moved_from}")
+        if self.waited is not None:
+            notes.append(f"waited {self.waited * 1000:.0f}ms for a slot")
         return notes
 
 
