@@ -348,3 +348,15 @@ def test_ten_thousand_waiting_cost_log_time_and_linear_memory() -> None:
     )
     assert popped == n - n // 10
     assert most <= 4 * n
+
+
+def test_a_time_before_the_last_rescaling_is_answered_not_raised() -> None:
+    q: FairQueue[str] = FairQueue(half_life=1.0)
+    patient = queued(q, POOL, Flow("patient"), "waits", T0)
+    q.started(Flow("done"), T0 + 86_400.0)  # a day later: t0 moves on
+    q.finished(Flow("done"), 5.0, T0 + 86_400.0)
+
+    # a page or a leaving client may carry a time from before then
+    assert q.service("done", T0) == 5.0
+    q.remove(patient)
+    assert q.waiting() == 0

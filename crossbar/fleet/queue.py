@@ -266,11 +266,11 @@ class FairQueue(Generic[T]):
         return self._age(box, now) if box is not None else None
 
     def service(self, name: str, now: float) -> float:
-        """Flow ``name``'s slot-seconds decayed to ``now`` (its requests in flight apart)."""
+        """Flow ``name``'s slot-seconds decayed to ``now`` (or to ``t0`` if that is later)."""
         state = self._flows.get(name)
         if state is None or self._t0 is None:
             return 0.0
-        return state.v * math.exp2(-(now - self._t0) / self._half_life)
+        return state.v * math.exp2(-max(0.0, now - self._t0) / self._half_life)
 
     def shares(self, now: float) -> dict[str, float]:
         """Each remembered flow's share of the slot-seconds of requests that ended in
