@@ -35,7 +35,7 @@ from crossbar.server.request import answer_json, release_body
 from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
-from crossbar.server.waiting import Waits, flow_of
+from crossbar.server.waiting import Waiter, Waits, flow_of
 from crossbar.upstream import Discard, Response, describe, is_cancellation
 
 __all__ = ["Exchange", "Phase", "ProxyContext"]
@@ -70,7 +70,7 @@ class Exchange:
         self._pending: Deferred[Response] | None = None
         self._deadline: IDelayedCall | None = None
         self._body: StreamBody | None = None
-        self._waiting: Waiting[Exchange] | None = None
+        self._waiting: Waiting[Waiter] | None = None
         self._flow: Flow | None = None  # who it is, where slots are counted
         self.waited: float | None = None  # seconds it waited in crossbar for a slot
 

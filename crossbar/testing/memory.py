@@ -138,7 +138,11 @@ class MemoryProxy:
         timeouts = {name: s.connect_timeout for name, s in config.settings.items()}
         self.upstreams = Upstreams(self.clock, config.urls, timeouts, clock=self.clock)
         self.records: list[RequestRecord] = []
-        context = ProxyContext(config, self.table, self.traffic, self.upstreams, self.clock, self)
+        self.waits = Waits(self.traffic, self.table, self.clock)
+        self.waits.configure(config)
+        context = ProxyContext(
+            config, self.table, self.traffic, self.upstreams, self.clock, self, self.waits
+        )
         proxy = ProxyResource(context)
         self.site = Site(
             RootResource(proxy), proxy=proxy, limits=config.limits, reactor=self.clock,
