@@ -23,6 +23,8 @@ from twisted.internet.task import Clock
 from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, Config, HostSettings, RouteConfig, parse_config
 from crossbar.fleet import HealthTable, RecentTraffic, RequestRecord
+from crossbar.fleet.policies import Policies, RoundRobin
+from crossbar.fleet.queue import FairQueue
 from crossbar.pages.app import StatusApp, base_url
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo
@@ -108,8 +110,18 @@ class PageRows(HTMLParser):
 
 @attrs.define
 class FakeProxy:
+    """The traffic the pages read: requests in flight, and the policies (whose
+    round-robin turns are ``turns``)."""
+
     in_flight: dict[str, int] = attrs.Factory(dict)
     turns: dict[str, int] = attrs.Factory(dict)
+    policies: Policies = attrs.field(init=False, factory=Policies)
+    queue: FairQueue[object] = attrs.field(init=False, factory=FairQueue)
+
+    def __attrs_post_init__(self) -> None:
+        round_robin = self.policies.named("round_robin")
+        assert isinstance(round_robin, RoundRobin)
+        round_robin.turns = self.turns  # one dict: a test moves the turn as traffic would
 
 
 def header(response: Any, name: str) -> str | None:

@@ -38,6 +38,7 @@ class Body:
         self.request = FakeRequest()
         self.transport = RecordingProducer()
         self.idle = 0
+        self.stalls = 0
         self.ends: list[Failure] = []
         self.body = StreamBody(
             cast(server.Request, self.request),
@@ -45,11 +46,15 @@ class Body:
             IDLE,
             self.on_idle,
             self.ends.append,
+            self.on_stall,
         )
         self.body.makeConnection(cast(Any, self.transport))
 
     def on_idle(self) -> None:
         self.idle += 1
+
+    def on_stall(self) -> None:
+        self.stalls += 1
 
     @property
     def timers(self) -> int:
@@ -107,9 +112,24 @@ def test_a_paused_body_is_never_idle(b: Body) -> None:
     b.clock.advance(IDLE - 1)
     b.body.pauseProducing()
     assert b.transport.calls == ["pause"]
-    assert b.timers == 0
+    assert b.timers == 1  # the stall's, not the host's idle timer
     b.clock.advance(IDLE * 10)
     assert b.idle == 0
+
+
+def test_a_pause_as_long_as_idle_timeout_is_a_stalled_client(b: Body) -> None:
+    """A client that reads nothing holds a host's connection, and its GPU, for nothing."""
+    b.body.arm()
+    b.body.pauseProducing()
+    b.clock.advance(IDLE - 1)
+    b.body.resumeProducing()  # it read: the next pause starts from nothing
+    b.body.pauseProducing()
+    b.clock.advance(IDLE - 1)
+    assert b.stalls == 0
+    b.clock.advance(1)
+    assert (b.stalls, b.idle) == (1, 0)
+    b.body.pauseProducing()  # paused again: still one stall, one timer at most
+    assert b.timers <= 1
 
 
 def test_resume_restarts_a_whole_idle_timeout(b: Body) -> None:
