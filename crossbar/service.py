@@ -64,7 +64,7 @@ class Crossbar(MultiService):
         self.hosts = hosts = Hosts(config, reactor)
         self.table, self.traffic, self.poller = hosts.table, hosts.traffic, hosts.poller
         self.recent = hosts.recent
-        self.metrics = Metrics(self.table, self.traffic)
+        self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
         self._observer = Observers(self.metrics, self.recent, AccessLog(self.table.knows))
         self.waits = Waits(self.traffic, self.table, reactor)

@@ -17,6 +17,7 @@ from twisted.web.client import ResponseNeverReceived
 
 from crossbar.config import HostSettings, RouteConfig
 from crossbar.fleet import HealthTable, RequestRecord
+from crossbar.fleet.queue import FairQueue
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.testing import Rig, SimulatedHost, all_polled, rigs
 
@@ -41,6 +42,7 @@ def value(found: Samples, name: str, **labels: str) -> float | None:
 @attrs.define
 class FakeProxy:
     in_flight: dict[str, int] = attrs.Factory(dict)
+    queue: FairQueue[object] = attrs.Factory(FairQueue)
 
 
 @pytest.fixture

@@ -196,6 +196,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
         "uptime_seconds": 3.6,
         "config": "lab.yaml",
         "reloads": None,  # built without a service: no reload history
+        "slot_shares": {},  # no slots known: nothing waits, no share counted
         "worker": None,
         "hosts": {
             "gpu-a": {
@@ -262,6 +263,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "default_model": "m2",
                 "choice": "gpu-a",  # gpu-b comes first but is down
                 "choice_model": "known",  # gpu-a knows m2: a request would load it
+                "waiting": {"requests": 0, "oldest_seconds": None},
             },
             "bee": {
                 "base_url": "http://crossbar/bee/v1",
@@ -271,6 +273,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "default_model": None,
                 "choice": None,
                 "choice_model": None,
+                "waiting": {"requests": 0, "oldest_seconds": None},
             },
             "any": {
                 "base_url": "http://crossbar/any/v1",
@@ -280,6 +283,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                 "default_model": None,
                 "choice": "gpu-a",
                 "choice_model": None,  # no default model to name
+                "waiting": {"requests": 0, "oldest_seconds": None},
             },
         },
     }
@@ -710,6 +714,7 @@ async def test_every_endpoint_end_to_end(fleet: Fleet) -> None:
             "default_model": "m1",
             "choice": "gpu-a",
             "choice_model": "loaded",
+            "waiting": {"requests": 0, "oldest_seconds": None},
         },
         "spare": {
             "base_url": f"{base}/spare/v1",
@@ -719,6 +724,7 @@ async def test_every_endpoint_end_to_end(fleet: Fleet) -> None:
             "default_model": None,
             "choice": None,
             "choice_model": None,
+            "waiting": {"requests": 0, "oldest_seconds": None},
         },
     }
     assert (status["version"], status["config"], status["worker"]) == (

@@ -126,3 +126,24 @@ def test_queue_off_or_unknown_slots_send_every_request_on_at_once() -> None:
         for _ in range(4):
             ask(memory)
         assert len(memory.waiting) == 4
+
+
+def test_waiting_and_shedding_are_counted_for_prometheus() -> None:
+    from crossbar.pages.metrics import Metrics
+
+    memory = proxy()
+    metrics = Metrics(memory.table, memory.traffic, memory.clock)
+    memory.records = []
+    ask(memory), ask(memory)
+    first, _ = memory.accept(), memory.accept()
+    ask(memory), ask(memory)
+    ask(memory)  # alice's third waiting: refused
+    text = metrics.render().decode()
+    assert 'crossbar_waiting_requests{route="lab"} 2.0' in text
+    answer(first)
+    for record in memory.records:
+        metrics.request_done(record)
+    text = metrics.render().decode()
+    assert 'crossbar_waiting_requests{route="lab"} 1.0' in text
+    assert 'crossbar_shed_requests_total{reason="limit",route="lab"} 1.0' in text
+    assert "crossbar_wait_seconds_count" not in text  # the one sent has not ended yet

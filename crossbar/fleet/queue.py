@@ -74,6 +74,8 @@ class Refused:
     status: int
     error: str
     retry_after: int
+    reason: str = "limit"
+    """Why, in one word for a metric's label: ``limit``, ``timeout`` or ``stopping``."""
 
 
 @attrs.define(eq=False)
@@ -254,6 +256,10 @@ class FairQueue(Generic[T]):
             return self._waiting
         box = self._pools.get(pool)
         return box.live if box is not None else 0
+
+    def pools(self) -> dict[Hashable, int]:
+        """Every pool that has requests waiting, with how many."""
+        return {pool: box.live for pool, box in self._pools.items() if box.live}
 
     def flow(self, name: str) -> tuple[int, int]:
         """Flow ``name``'s requests waiting (in all pools) and in flight."""

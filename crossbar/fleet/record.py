@@ -58,6 +58,8 @@ class RequestRecord:
     """Refused from its head at the door: never reached the proxy (counted by the site)."""
     waited: float | None = None
     """Seconds it waited in crossbar for a slot; ``None``: it did not wait."""
+    shed: str | None = None
+    """Answered without a host by the queue: ``limit``, ``timeout`` or ``stopping``."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""

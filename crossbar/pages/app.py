@@ -39,6 +39,7 @@ from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on, rfc3339
+from crossbar.pages.waiting import waiting_by_route
 
 
 class StatusApp:
@@ -126,6 +127,7 @@ class StatusApp:
         now = self.clock.seconds()
         worker = about.worker
         affinity = self.affinity()
+        waiting = waiting_by_route(self.traffic, now)
         return {
             "version": about.version,
             "uptime_seconds": round(now - about.started, 3),
@@ -135,7 +137,11 @@ class StatusApp:
             "hosts": {name: self.host_json(state) for name, state in states.items()},
             "routes": {
                 name: _route_json(route, choices[name], states, base, affinity.get(name))
+                | {"waiting": waiting.get(name, {"requests": 0, "oldest_seconds": None})}
                 for name, route in self.config.routes.items()
+            },
+            "slot_shares": {
+                flow: round(part, 4) for flow, part in self.traffic.queue.shares(now).items()
             },
         }
 
@@ -165,6 +171,7 @@ class StatusApp:
             affinity=self.affinity(),
             base=base_url(request),
             reloads=self.reloads,
+            waiting=waiting_by_route(self.traffic, self.clock.seconds()),
         )
 
     @app.route("/status", methods=["GET"])

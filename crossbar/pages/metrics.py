@@ -10,6 +10,7 @@ of crossbars (as in the tests) can live in one process.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -27,10 +28,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
+from twisted.internet.interfaces import IReactorTime
 
 from crossbar.config.changes import Reloads
 from crossbar.fleet import HealthTable, RequestRecord, Traffic
 from crossbar.fleet.record import OTHER_MODEL
+from crossbar.pages.waiting import QueueCollector
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
 
@@ -42,6 +45,16 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 
 """Whole requests: a streamed generation can run for minutes."""
 FIRST_BYTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Up to the upstream's answer head: includes prompt processing and any model load."""
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+"""Waits in crossbar for a free slot."""
+
+
+class _Waits:
+    __slots__ = ("buckets", "total")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(WAIT_BUCKETS) + 1)
+        self.total = 0.0
 
 
 class _FleetCollector:
@@ -187,6 +200,8 @@ class _RequestCounts:
         self.by_host: dict[tuple[str, str], _ByHost] = {}
         self.models: dict[tuple[str, str], int] = {}
         self.affinity: dict[tuple[str, str, str], int] = {}
+        self.waits: dict[str, _Waits] = {}
+        self.shed: dict[tuple[str, str], int] = {}
 
     def collect(self) -> Iterable[Metric]:
         by_host = ["route", "host"]
@@ -234,18 +249,36 @@ class _RequestCounts:
         )
         for labels_, count in self.affinity.items():
             affinity.add_metric(list(labels_), count)
-        return [requests, duration, first_byte, sent, models, affinity]
+        waited = HistogramMetricFamily(
+            "crossbar_wait_seconds",
+            "Time requests waited in crossbar for a free slot before they were sent, by route.",
+            labels=["route"],
+        )
+        for route, waits in self.waits.items():
+            _histogram(waited, [route], WAIT_BUCKETS, waits.buckets, waits.total)
+        shed = CounterMetricFamily(
+            "crossbar_shed_requests",
+            "Requests answered without a host by the queue, by route and reason: limit "
+            "(max_waiting), timeout (wait_timeout) or stopping.",
+            labels=["route", "reason"],
+        )
+        for (route, reason), count in self.shed.items():
+            shed.add_metric([route, reason], count)
+        return [requests, duration, first_byte, sent, models, affinity, waited, shed]
 
 
 class Metrics:
     """The proxy's observer and the source of ``/_crossbar/metrics``."""
 
-    def __init__(self, table: HealthTable, traffic: Traffic) -> None:
+    def __init__(
+        self, table: HealthTable, traffic: Traffic, clock: IReactorTime | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._counts = _RequestCounts()
         self.registry.register(self._counts)
         self._table = table
         self.registry.register(_FleetCollector(table, traffic))
+        self.registry.register(QueueCollector(traffic, clock.seconds if clock else time.time))
 
     def count_connections(self, site: ClientConnections) -> None:
         """Publish the client connections of ``site`` (the main listener's), read when
@@ -285,6 +318,13 @@ class Metrics:
         if record.affinity is not None:
             placed = (route, host, record.affinity)
             counts.affinity[placed] = counts.affinity.get(placed, 0) + 1
+        if record.waited is not None:
+            waited = counts.waits.get(route) or counts.waits.setdefault(route, _Waits())
+            waited.buckets[bisect_left(WAIT_BUCKETS, record.waited)] += 1
+            waited.total += record.waited
+        if record.shed is not None:
+            why = (route, record.shed)
+            counts.shed[why] = counts.shed.get(why, 0) + 1
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, for a scrape."""

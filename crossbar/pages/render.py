@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import attrs
 from twisted.web.iweb import IRequest
@@ -264,6 +265,8 @@ class StatusPage(Element):
     affinity: Mapping[str, RouteAffinity] = attrs.field(kw_only=True, factory=dict)
     """Each ``cache_affinity`` route's turns over the recent window."""
     reloads: Reloads | None = attrs.field(kw_only=True, default=None)
+    waiting: Mapping[str, Mapping[str, Any]] = attrs.field(kw_only=True, factory=dict)
+    """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -354,10 +357,18 @@ class StatusPage(Element):
         model = route.default_model
         policy = route.policy + ("; try all when down" if route.when_all_down == "try_all" else "")
         turns = self.affinity.get(name)
+        shown: list[Flattenable] = [policy]
+        if turns is not None:
+            shown += [tags.br(), _at_home(turns)]
+        waits = self.waiting.get(name)
+        if waits:
+            oldest = short_seconds(waits["oldest_seconds"])
+            line = f"{waits['requests']} waiting for a slot, the longest {oldest}"
+            shown += [tags.br(), tags.span(line, class_="err")]
         return {
             "name": route.name,
             "base_url": f"{self.base}/{route.name}/v1",
-            "policy": policy if turns is None else [policy, tags.br(), _at_home(turns)],
+            "policy": shown if len(shown) > 1 else policy,
             "members": _joined(" ", (self._member(host) for host in route.hosts)),
             "model": _muted("none (first healthy host)") if model is None else model,
             "goes_to": self._goes_to(self.choices.get(name), model),

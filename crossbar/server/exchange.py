@@ -1,11 +1,10 @@
 """One proxied request: choose a host, forward the request, stream the answer back.
 
-An :class:`Exchange` lives per request. It forwards with crossbar's own lean HTTP/1.1
-client (:mod:`crossbar.upstream`; treq's cookie jar and redirects are wrong for a
-proxy, and Agent's layers cost a third of the CPU per request), streams the upstream
-body through a protocol given to ``Response.deliverBody``, lets the client's socket
-pause the upstream socket (backpressure), and closes the upstream connection as soon
-as the client leaves so the GPU stops generating.
+An :class:`Exchange` lives per request. It forwards with crossbar's own lean HTTP/1.1 client
+(:mod:`crossbar.upstream`: treq's cookie jar and redirects are wrong for a proxy, Agent's
+layers cost a third of the CPU), streams the body as it comes, lets the client's socket
+pause the host's (backpressure), and closes the host's connection as soon as the client
+leaves, so the GPU stops generating; when every slot is busy it waits for one, in crossbar.
 
 It moves through named phases (:mod:`crossbar.server.phases`), only through
 :meth:`Exchange._enter`. Every event that comes late (an answer after the client left, the
@@ -37,8 +36,6 @@ from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
 from crossbar.server.waiting import Waiter, Waits, flow_of
 from crossbar.upstream import Discard, Response, describe, is_cancellation
-
-__all__ = ["Exchange", "Phase", "ProxyContext"]
 
 log = Logger()
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -73,6 +70,7 @@ class Exchange:
         self._waiting: Waiting[Waiter] | None = None
         self._flow: Flow | None = None  # who it is, where slots are counted
         self.waited: float | None = None  # seconds it waited in crossbar for a slot
+        self._shed: str | None = None
 
     def _enter(self, phase: Phase) -> None:
         """The one place the exchange moves on; a move not in :data:`MOVES` is a bug."""
@@ -195,7 +193,7 @@ class Exchange:
 
     def shed(self, refused: Refused) -> None:
         """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""
-        self._waiting = None
+        self._waiting, self._shed = None, refused.reason
         retry = {b"retry-after": b"%d" % refused.retry_after}
         if not self.ended:
             self._enter(Phase.ANSWERED)
@@ -390,6 +388,7 @@ class Exchange:
             client_left=left,
             moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,
             waited=self.waited,
+            shed=self._shed,
         )
 
 

@@ -8,7 +8,8 @@ from typing import Any
 from twisted.web import server
 from twisted.web.resource import IResource, Resource
 
-from crossbar.server.exchange import Exchange, ProxyContext
+from crossbar.server.context import ProxyContext
+from crossbar.server.exchange import Exchange
 
 
 class RootResource(Resource):

@@ -138,7 +138,7 @@ class Waits:
             self._held.pop(waiting.seq, None)
             route, waited = waiting.pool[0], now - waiting.arrived  # type: ignore[index]
             words = f"{route}: waited {waited:.0f}s for a free slot (its wait_timeout)"
-            waiting.item.shed(Refused(429, words, 1))
+            waiting.item.shed(Refused(429, words, 1, "timeout"))
         pools = {w.pool for w in self._held.values()}
         for pool in pools:
             route = self._routes.get(pool[0])  # type: ignore[index]
@@ -157,7 +157,7 @@ class Waits:
         held, self._held = self._held, {}
         for waiting in held.values():
             self.queue.remove(waiting)
-            waiting.item.shed(Refused(503, "crossbar is stopping", 5))
+            waiting.item.shed(Refused(503, "crossbar is stopping", 5, "stopping"))
 
 
 def flow_of(route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str) -> Flow:
