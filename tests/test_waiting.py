@@ -147,3 +147,18 @@ def test_waiting_and_shedding_are_counted_for_prometheus() -> None:
     assert 'crossbar_waiting_requests{route="lab"} 1.0' in text
     assert 'crossbar_shed_requests_total{reason="limit",route="lab"} 1.0' in text
     assert "crossbar_wait_seconds_count" not in text  # the one sent has not ended yet
+
+
+def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)
+    memory.accept(), memory.accept()
+    kept, stopped = ask(memory), ask(memory, BOB)
+    memory.waits.configure(memory.config)  # a reload: the routes again, nobody dropped
+    assert memory.traffic.queue.waiting() == 2
+    memory.waits.drain()
+    for client in (kept, stopped):
+        head, _, body = client.received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503")
+        assert json.loads(body) == {"error": "crossbar is stopping"}
+    assert memory.traffic.queue.waiting() == 0
