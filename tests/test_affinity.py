@@ -405,7 +405,9 @@ def host_header(response: Any) -> str:
 
 @pytest_twisted.ensureDeferred
 async def test_turns_stay_on_one_host_and_conversations_spread(make: RigMaker) -> None:
-    rig = await make(hosts(), routes=affinity_route())
+    # Each host says it runs 8 slots (learned as a router's total_slots): room for all 8
+    # agents anywhere, so every conversation stays at its hash home.
+    rig = await make(hosts(slots=8), routes=affinity_route())
     seen: dict[str, set[str]] = defaultdict(set)
     for turn in (1, 2, 3):
         for n in range(8):
@@ -459,7 +461,8 @@ async def test_a_request_without_a_conversation_still_works(make: RigMaker) -> N
 
 @pytest_twisted.ensureDeferred
 async def test_a_host_going_down_moves_only_its_own_conversations(make: RigMaker) -> None:
-    rig = await make(hosts(), routes=affinity_route())
+    # 16 slots a host (as it says of its model): one host alone has room for all 8 agents
+    rig = await make(hosts(slots=16), routes=affinity_route())
     firsts = [f"agent {n}" for n in range(8)]
     before = {}
     for first in firsts:
@@ -601,11 +604,15 @@ TWO_REPLICAS_WITH_SLOTS = TWO_REPLICAS.replace(
 )
 
 
-def alternate(tmp_path: Path, config: str, firsts: list[str], turns: int) -> list[list[str]]:
+def alternate(
+    tmp_path: Path, config: str, firsts: list[str], turns: int, slots: int = 16
+) -> list[list[str]]:
     """Conversations beginning with ``firsts``, their turns alternating between two
-    ``twistd`` crossbars with ``config`` over two simulated hosts: where each turn went."""
+    ``twistd`` crossbars with ``config`` over two simulated hosts of ``slots`` slots each
+    (which crossbar learns where the config gives none): where each turn went."""
     second = free_port()
     options = ["--models", "tiny-a=loaded", "--chunks", "2", "--chunk-interval", "0"]
+    options += ["--slots", str(slots)]
     sim = start_simulator(
         tmp_path, *options, "--load-time", "0", "--host", f"{second}:tiny-a=loaded"
     )

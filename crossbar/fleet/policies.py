@@ -27,6 +27,11 @@ from crossbar.fleet.affinity import Conversations, Placement
 from crossbar.fleet.choice import best_group
 from crossbar.fleet.state import HostState
 
+Group = Sequence[HostState]
+"""A route's best group: healthy hosts, in route order."""
+Counts = Mapping[str, int]
+"""Requests in flight per host."""
+
 
 @attrs.frozen
 class Conversation:
@@ -74,10 +79,13 @@ class Policy:
         commit: bool = True,
     ) -> Choice | None:
         """The host for ``ask`` on ``route``; ``None`` when none is left."""
+        if commit and ask.conversation is not None:
+            placed = self.place(route, ask, ask.conversation, states, in_flight)
+            if placed is not None:
+                return Choice(placed.host, placed)
         group = best_group(route.hosts, ask.model, states, ask.exclude)
         if group:
-            first = not ask.exclude
-            return Choice(self.pick(route, group, in_flight, first=first, commit=commit))
+            return Choice(self.pick(route, group, in_flight, commit and not ask.exclude))
         if route.when_all_down == "try_all":
             # Only hosts still in the table: a route of the config before a reload may
             # name one that is gone.
@@ -86,18 +94,21 @@ class Policy:
             return None if host is None else Choice(host)
         return None
 
-    def pick(
+    def pick(self, route: RouteConfig, group: Group, in_flight: Counts, moves: bool) -> str:
+        """One host of ``group`` (never empty, in route order); ``moves``: a request's
+        first try, asked by the proxy (not the pages), so the policy's state moves."""
+        return group[0].name
+
+    def place(
         self,
         route: RouteConfig,
-        group: Sequence[HostState],
-        in_flight: Mapping[str, int],
-        *,
-        first: bool,
-        commit: bool,
-    ) -> str:
-        """One host of ``group`` (never empty, in route order); ``first`` for a
-        request's first try."""
-        return group[0].name
+        ask: Ask,
+        conversation: Conversation,
+        states: Mapping[str, HostState],
+        in_flight: Counts,
+    ) -> Placement | None:
+        """Where a request of a known conversation goes; ``None``: as any other request."""
+        return None
 
     @classmethod
     def make(cls, routes: Iterable[str], slots: Mapping[str, int]) -> Policy:
@@ -123,17 +134,9 @@ class RoundRobin(Policy):
     def make(cls, routes: Iterable[str], slots: Mapping[str, int]) -> Policy:
         return cls(routes)
 
-    def pick(
-        self,
-        route: RouteConfig,
-        group: Sequence[HostState],
-        in_flight: Mapping[str, int],
-        *,
-        first: bool,
-        commit: bool,
-    ) -> str:
+    def pick(self, route: RouteConfig, group: Group, in_flight: Counts, moves: bool) -> str:
         turn = self.turns.get(route.name, 0)  # a route reloaded away: no turns
-        if commit and first and route.name in self.turns:
+        if moves and route.name in self.turns:
             self.turns[route.name] = turn + 1
         return group[turn % len(group)].name
 
@@ -144,15 +147,7 @@ class RoundRobin(Policy):
 class LeastBusy(Policy):
     name = "least_busy"
 
-    def pick(
-        self,
-        route: RouteConfig,
-        group: Sequence[HostState],
-        in_flight: Mapping[str, int],
-        *,
-        first: bool,
-        commit: bool,
-    ) -> str:
+    def pick(self, route: RouteConfig, group: Group, in_flight: Counts, moves: bool) -> str:
         return min(group, key=lambda s: in_flight.get(s.name, 0)).name
 
 
@@ -169,29 +164,13 @@ class CacheAffinity(LeastBusy):
     def make(cls, routes: Iterable[str], slots: Mapping[str, int]) -> Policy:
         return cls(slots)
 
-    def choose(
-        self,
-        route: RouteConfig,
-        ask: Ask,
-        states: Mapping[str, HostState],
-        in_flight: Mapping[str, int],
-        *,
-        commit: bool = True,
-    ) -> Choice | None:
-        conversation = ask.conversation
-        if conversation is not None and commit:
-            placed = self.place(route, ask, conversation, states, in_flight)
-            if placed is not None:
-                return Choice(placed.host, placed)
-        return super().choose(route, ask, states, in_flight, commit=commit)
-
     def place(
         self,
         route: RouteConfig,
         ask: Ask,
         conversation: Conversation,
         states: Mapping[str, HostState],
-        in_flight: Mapping[str, int],
+        in_flight: Counts,
     ) -> Placement | None:
         """Where the conversation goes, within the best group. Hosts tried already are
         passed over; when they were the whole best group, the next best group is placed

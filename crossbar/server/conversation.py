@@ -100,18 +100,7 @@ class _OverBudget(Exception):
 
 def chat_conversation(model: str | None, messages: msgspec.Raw) -> Conversation | None:
     """A chat completion's conversation, from its ``messages`` (their JSON)."""
-    try:
-        listed = _listed(messages, _MESSAGES)
-        if listed is None:
-            return None
-        digest = _digest(model, b"chat")
-        at = _start(digest, listed)
-    except (*ERRORS, _OverBudget):
-        return None
-    if at is None:
-        return None
-    turn = sum(later.role == "assistant" for later in listed[at + 1 :])
-    return Conversation(digest.digest(), turn)
+    return _messages(_digest(model, b"chat"), messages)
 
 
 def anthropic_conversation(
@@ -119,13 +108,20 @@ def anthropic_conversation(
 ) -> Conversation | None:
     """A Messages API request's conversation: its ``system`` (a string or text blocks,
     Claude Code's billing header left out) and its messages up to the first user one."""
+    digest = _digest(model, b"anthropic")
+    try:
+        _field(digest, b"" if system is None else _system(system))
+    except (*ERRORS, _OverBudget):
+        return None
+    return _messages(digest, messages)
+
+
+def _messages(digest: Any, messages: msgspec.Raw) -> Conversation | None:
+    """The conversation of ``messages`` up to the first user one, its turn the assistant
+    messages after it; ``digest`` holds what came before (the model, the system)."""
     try:
         listed = _listed(messages, _MESSAGES)
-        if listed is None:
-            return None
-        digest = _digest(model, b"anthropic")
-        _field(digest, b"" if system is None else _system(system))
-        at = _start(digest, listed)
+        at = None if listed is None else _start(digest, listed)
     except (*ERRORS, _OverBudget):
         return None
     if at is None:
