@@ -52,6 +52,9 @@ class Upstream(Resource):
         if request.uri == b"/v1/models":
             data = [{"id": m, "status": {"value": "loaded"}} for m in self.loaded]
             return json.dumps({"data": data, "object": "list"}).encode()
+        if request.uri.startswith(b"/props?"):  # the poller asking for slots: none said
+            request.setResponseCode(404)
+            return b'{"error":"not here"}'
         headers = {
             k.decode().lower(): [v.decode() for v in vs]
             for k, vs in request.requestHeaders.getAllRawHeaders()

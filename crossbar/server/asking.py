@@ -43,16 +43,14 @@ class Asked:
     client: str = "unknown"
 
 
-def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape]:
-    """The route a target names, and the shape of its path; a JSON 404 otherwise."""
+def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape | None]:
+    """The route a target names (a JSON 404 otherwise), and the shape of its path
+    (``None``: a path crossbar does not forward)."""
     target = parse_target(uri)
     route = config.routes.get(target.route)
     if route is None:
         raise BadTarget(404, "unknown route")
-    shape = SHAPES.get(target.rest)
-    if shape is None:
-        raise BadTarget(404, "not found")
-    return route, target, shape
+    return route, target, SHAPES.get(target.rest)
 
 
 def read_request(

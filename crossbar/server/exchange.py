@@ -102,6 +102,8 @@ class Exchange:
         self.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
         route, target, shape = route_of(proxy.config, request.uri)
         self.route, self.path = route, target.rest
+        if shape is None:
+            raise BadTarget(404, "not found")
         if route.list_models == "merged" and target.rest == b"/v1/models":
             listing = merged_listing(route, proxy.table.view, int(self.started))
             if listing is None:
@@ -168,8 +170,7 @@ class Exchange:
     # -- waiting for a slot ----------------------------------------------------------------
 
     def _flow_of(self, route: RouteConfig) -> Flow:
-        headers = self.request.requestHeaders.getAllRawHeaders()
-        return flow_of(route, headers, self._asked.client)
+        return flow_of(route, self.request.requestHeaders.getAllRawHeaders(), self._asked.client)
 
     def _queue(self, waits: Waits, route: RouteConfig) -> None:
         """Every slot of the group is busy: wait in crossbar (or be refused, past a limit)."""
