@@ -18,6 +18,7 @@ from crossbar.config import (
     ConfigError,
     HostSettings,
     Limits,
+    effective,
     load_config,
     parse_config,
     parse_duration,
@@ -604,3 +605,50 @@ def test_a_default_follows_the_limits_the_admin_wrote(tmp_path: Path) -> None:
     assert (alone.limits.max_body, alone.limits.max_body_memory) == (1024 * 1024, 1024 * 1024)
     both = MINIMAL + "max_body_memory: 1MiB\nmax_body: 2MiB\n"
     assert error_of(tmp_path, both) == "max_body: must not be more than max_body_memory"
+
+
+def test_a_key_may_name_its_holder_and_their_share(tmp_path: Path) -> None:
+    text = MINIMAL + textwrap.dedent(
+        """\
+        api_keys:
+          - {name: alice, key: alice-key-0123456789, priority: interactive, max_in_flight: 8}
+          - plain-key-0123456789
+        """
+    )
+    config = load_config(write(tmp_path, text))
+    alice, plain = config.routes["opencode-a"].api_keys
+    assert alice.holder is not None and plain.holder is None
+    assert (alice.holder.name, alice.holder.priority, alice.holder.max_in_flight) == (
+        "alice",
+        "interactive",
+        8,
+    )
+    assert alice.holder.max_waiting is None
+    assert "alice-key" not in repr(config) and "alice-key" not in str(effective(config))
+    assert "alice: literal (****)" in str(effective(config))
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("{key: k-0123456789}", "api_keys[0].name: is missing"),
+        ("{name: alice}", "api_keys[0].key: is missing"),
+        ("{name: 'a b', key: k-0123456789}", "api_keys[0].name: must be 1 to 64 letters"),
+        ("{name: a, key: k-0123456789, priority: urgent}", "api_keys[0].priority: must be one of"),
+        ("{name: a, key: k-0123456789, max_waiting: 0}", "api_keys[0].max_waiting: must be"),
+        ("{name: a, key: k-0123456789, colour: red}", "api_keys[0].colour: unknown key"),
+    ],
+)
+def test_a_named_key_that_is_wrong_stops_start_up_in_one_line(
+    tmp_path: Path, entry: str, problem: str
+) -> None:
+    assert error_of(tmp_path, MINIMAL + f"api_keys: [{entry}]\n").startswith(problem)
+
+
+def test_a_route_s_queue_keys_are_checked(tmp_path: Path) -> None:
+    route = "    queue: false\n    max_waiting: 10\n    wait_timeout: 30s\n"
+    config = load_config(write(tmp_path, MINIMAL + route))
+    lab = config.routes["opencode-a"]
+    assert (lab.queue, lab.max_waiting, lab.wait_timeout) == (False, 10, 30.0)
+    wrong = MINIMAL + "    max_waiting: -1\n"
+    assert error_of(tmp_path, wrong).startswith("routes.opencode-a.max_waiting: must be")

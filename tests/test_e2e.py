@@ -64,7 +64,9 @@ async def test_openai_client_streaming(fleet: Rig) -> None:
     assert "".join(pieces) == "abcde"
     assert len([p for p in pieces if p]) == 5
     assert fleet.sims["gpu-b"].requests == [
-        r for r in fleet.sims["gpu-b"].requests if r.path in ("/health", "/v1/models")
+        r
+        for r in fleet.sims["gpu-b"].requests
+        if r.path in ("/health", "/v1/models") or r.path.startswith("/props?")  # polls
     ]
 
 

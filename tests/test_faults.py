@@ -875,7 +875,8 @@ async def test_a_stuck_host_does_not_block_other_routes(
     make: RigMaker, hole: Any, failure: str
 ) -> None:
     """Twenty requests stuck on one host (it accepts and never answers, or its connects
-    hang) do not slow requests routed to another host."""
+    hang: its 4 slots taken, the others waiting in crossbar for them) do not slow requests
+    routed to another host."""
     routes = {
         "slow": RouteConfig("slow", ("gpu-a",), "tiny-a"),
         "lab": RouteConfig("lab", ("gpu-b",), "tiny-a"),
@@ -891,8 +892,10 @@ async def test_a_stuck_host_does_not_block_other_routes(
         d = rig.client.post(rig.base + "/slow/v1/chat/completions", data=BODY)
         d.addErrback(lambda _: None)
         pending.append(d)
-    in_flight = rig.crossbar.traffic.in_flight
-    await eventually(lambda: in_flight["gpu-a"] == 20, 3.0, "20 requests stuck on gpu-a")
+    in_flight, queue = rig.crossbar.traffic.in_flight, rig.crossbar.traffic.queue
+    await eventually(
+        lambda: (in_flight["gpu-a"], queue.waiting()) == (4, 16), 3.0, "20 stuck on gpu-a"
+    )
     started = time.monotonic()
     assert await hosts_answering(rig, 10) == ["gpu-b"] * 10
     elapsed = time.monotonic() - started
@@ -901,4 +904,5 @@ async def test_a_stuck_host_does_not_block_other_routes(
         d.cancel()
     await DeferredList(pending)
     await eventually(lambda: in_flight["gpu-a"] == 0, 2.0, "stuck requests over")
+    assert queue.waiting() == 0  # those that waited left at once too
     assert rig.state("gpu-a").healthy  # clients leaving is no fault of the host

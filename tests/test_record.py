@@ -30,6 +30,7 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "moved_from": None,
         "refused": False,
         "waited": None,
+        "shed": None,
     }
 
 

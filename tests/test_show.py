@@ -132,5 +132,8 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "when_all_down": "fail",
         "list_models": "forwarded",
         "api_keys": [],
+        "queue": True,
+        "max_waiting": 256,
+        "wait_timeout": 120.0,
     }
     assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load"}  # cache_affinity only

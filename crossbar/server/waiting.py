@@ -154,6 +154,9 @@ class Waits:
 
     def drain(self) -> None:
         """crossbar is stopping: whoever waits is answered 503 now."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
         held, self._held = self._held, {}
         for waiting in held.values():
             self.queue.remove(waiting)

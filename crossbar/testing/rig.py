@@ -162,6 +162,17 @@ async def build(
     try:
         for name in sims if up is None else up:
             await wait_state(rig, name, healthy=True, seconds=10)
+        # The first round's asks of each loaded model's slots end too: a test's own
+        # requests then meet a crossbar that knows what it will know, and a simulator
+        # sees no ask of crossbar's among them.
+        polled: Deferred[None] = Deferred()
+
+        def ended(result: object) -> object:
+            polled.callback(None)
+            return result
+
+        crossbar.poller.first_round.addBoth(ended)
+        await polled
     except BaseException:
         await teardown(rig)
         raise
