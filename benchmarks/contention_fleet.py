@@ -1,0 +1,79 @@
+"""The processes of ``benchmarks/contention.py``: simulated or real hosts and a crossbar
+with one named key per flow in front of them, started fresh for each run and stopped after it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.affinity_fleet import MODEL, ROUTE, fleet_ready, get_json, start_host
+from tests.support import REPO, Daemon, free_port, start_daemon
+
+HEAVY, LIGHT = "heavy", ("light-1", "light-2", "light-3")
+KEYS = {name: f"contention-{name}-0123456789abcdef" for name in (HEAVY, *LIGHT)}
+
+
+def crossbar_yaml(urls: Sequence[str], slots: int, queue: bool) -> str:
+    names = [f"gpu-{i + 1}" for i in range(len(urls))]
+    lines = ["log_format: json", "poll_interval: 250ms", "hosts:"]
+    for name, url in zip(names, urls, strict=True):
+        lines += [f"  {name}:", f"    url: {url}", f"    slots: {slots}"]
+    lines += [
+        "routes:",
+        f"  {ROUTE}:",
+        f"    hosts: [{', '.join(names)}]",
+        f"    default_model: {MODEL}",
+        "    policy: least_busy",
+        *(["    queue: false"] if not queue else []),
+        "    api_keys:",
+        *(f'      - {{name: {name}, key: "{key}"}}' for name, key in KEYS.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def start_simulator(args: argparse.Namespace, workdir: Path) -> tuple[Daemon, list[str]]:
+    """One simulator process serving ``--hosts`` hosts (``--host PORT:MODELS`` for each more)."""
+    ports = [free_port() for _ in range(args.hosts)]
+    argv = [sys.executable, "-m", "crossbar.testing.simulator", "--listen", str(ports[0])]
+    argv += ["--models", f"{MODEL}=loaded", "--slots", str(args.slots)]
+    most = round(args.tokens * (1 + args.spread))  # max_tokens cuts each answer to its own
+    argv += ["--chunks", str(most), "--chunk-interval", str(args.chunk_interval)]
+    for port in ports[1:]:
+        argv += ["--host", f"{port}:{MODEL}=loaded"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    sim = Daemon.start(argv, ports[0], workdir / "simulator.log", cwd=workdir, env=env)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    if not sim.wait(lambda: all(get_json(f"{u}/health") for u in urls), 30):
+        sim.stop()
+        raise SystemExit(f"contention.py: the simulator did not start:\n{sim.log()}")
+    return sim, urls
+
+
+@contextmanager
+def fleet(args: argparse.Namespace, queue: bool, real: Any) -> Iterator[Daemon]:
+    """Fresh hosts and a fresh crossbar for one run, stopped afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="contention-", dir=args.workdir))
+    hosts: list[Daemon] = []
+    proxy: Daemon | None = None
+    try:
+        if real is None:
+            sim, urls = start_simulator(args, workdir)
+            hosts.append(sim)
+        else:
+            binary, model = real
+            hosts += [start_host(args, binary, model, workdir) for _ in range(args.hosts)]
+            urls = [host.url for host in hosts]
+        (workdir / "crossbar").mkdir()
+        proxy = start_daemon(workdir / "crossbar", crossbar_yaml(urls, args.slots, queue))
+        if not proxy.wait(lambda: fleet_ready(proxy, len(urls)), 30):
+            raise SystemExit(f"contention.py: crossbar never saw every host up:\n{proxy.log()}")
+        yield proxy
+    finally:
+        for daemon in ([proxy] if proxy else []) + hosts:
+            daemon.stop()
