@@ -206,20 +206,35 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def claude(
-    binary: Path, home: Path, base_url: str, key: str = "unused", retries: int | None = None
+    binary: Path,
+    home: Path,
+    base_url: str,
+    key: str = "unused",
+    retries: int | None = None,
+    *,
+    model: str = MODEL,
+    extra: Mapping[str, str] | None = None,
+    timeout: float = RUN_TIMEOUT,
 ) -> Run:
     """``claude -p "say hi"`` against ``base_url`` (``retries``: Claude Code's own, else
-    its default of 10)."""
+    its default of 10; ``extra``: more of its environment)."""
     project = home / "project"
     project.mkdir(parents=True, exist_ok=True)
-    env = {**sandbox_env(home / "home"), **claude_settings(base_url, key)}
+    env = {**sandbox_env(home / "home"), **claude_settings(base_url, key, model), **(extra or {})}
     if retries is not None:
         env["CLAUDE_CODE_MAX_RETRIES"] = str(retries)
-    return run_agent([str(binary), "-p", "say hi"], project, env)
+    return run_agent([str(binary), "-p", "say hi"], project, env, timeout)
 
 
 def codex(
-    binary: Path, home: Path, base_url: str, key: str = "unused", retries: int | None = None
+    binary: Path,
+    home: Path,
+    base_url: str,
+    key: str = "unused",
+    retries: int | None = None,
+    *,
+    model: str = MODEL,
+    timeout: float = RUN_TIMEOUT,
 ) -> Run:
     """``codex exec --skip-git-repo-check "say hi"`` with :func:`codex_config` for
     ``base_url``, the key in ``CROSSBAR_KEY``."""
@@ -228,7 +243,7 @@ def codex(
     env = sandbox_env(home / "home")
     codex_home = Path(env["HOME"]) / ".codex"
     codex_home.mkdir(exist_ok=True)
-    (codex_home / "config.toml").write_text(codex_config(base_url, retries=retries))
+    (codex_home / "config.toml").write_text(codex_config(base_url, model, retries))
     env |= {"CODEX_HOME": str(codex_home), "CROSSBAR_KEY": key}
     argv = [str(binary), "exec", "--skip-git-repo-check", "say hi"]
-    return run_agent(argv, project, env)
+    return run_agent(argv, project, env, timeout)
