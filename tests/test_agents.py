@@ -14,7 +14,9 @@ both as llama-server does. About 3 s a run once the cache is filled.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,8 +24,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents import claude, codex, install_claude, install_codex
-from tests.support import Daemon, free_port, http_status, start_daemon
+from tests.agents import (
+    claude,
+    claude_settings,
+    codex,
+    codex_config,
+    install_claude,
+    install_codex,
+)
+from tests.support import REPO, Daemon, free_port, http_status, start_daemon
+
+DOC = REPO / "docs" / "clients.md"
+PLACEHOLDER = "http://crossbar:7777"
 
 CROSSBAR_TIMEOUT = 30.0
 LOG_TIMEOUT = 10.0
@@ -202,3 +214,28 @@ def test_crossbars_errors_reach_the_person(
     print("\n".join(dict.fromkeys(said)))
     assert run.code not in (0, None), run.report()
     assert said, f"{agent} printed nothing on crossbar's {status}\n{run.report()}"
+
+
+# -- the documentation --------------------------------------------------------------------------
+
+
+def _doc_block(marker: str) -> str:
+    found = re.search(rf"<!-- {marker} -->\s*\n```\w+\n(.*?)\n```", DOC.read_text(), re.S)
+    assert found, f"docs/clients.md has no block marked <!-- {marker} -->"
+    return found.group(1)
+
+
+def test_docs_give_what_the_tests_run() -> None:
+    """docs/clients.md's Claude Code and Codex settings are the ones run here, word for word."""
+    block = _doc_block("claude-code")
+    *exports, command = block.splitlines()
+    assert command == 'claude -p "say hi"'
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    shown = subprocess.run(
+        ["sh", "-c", "\n".join([*exports, "env"])], capture_output=True, env=env, check=True
+    )
+    documented = dict(line.split("=", 1) for line in shown.stdout.decode().splitlines())
+    expected = claude_settings(f"{PLACEHOLDER}/opencode", "unused")
+    assert {k: documented.get(k) for k in expected} == expected
+    assert set(documented) - set(expected) <= {"PATH", "PWD", "SHLVL", "_", "OLDPWD"}
+    assert _doc_block("codex") + "\n" == codex_config(f"{PLACEHOLDER}/opencode/v1")
