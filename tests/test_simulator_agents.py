@@ -111,11 +111,15 @@ async def test_messages_usage_leaves_the_cached_tokens_out_of_input_tokens() -> 
     """Claude Code's billing header changes its ``cch=`` each request: llama-server rewrites
     it, so the second turn still reuses the first one's prompt."""
     sim = SimulatedHost(TWO_MODELS)
-    first = json.loads((await post(sim, "/v1/messages", anthropic("a1b2c")))[1])
+    opening = anthropic("a1b2c")
+    opening["messages"][0]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    first = json.loads((await post(sim, "/v1/messages", opening))[1])
+    # Claude Code moves its cache_control mark to the newest message: no template renders it.
     turn = anthropic("9f8e7")
+    marked = {"type": "text", "text": "and now?", "cache_control": {"type": "ephemeral"}}
     turn["messages"] += [
         {"role": "assistant", "content": first["content"]},
-        {"role": "user", "content": "and now?"},
+        {"role": "user", "content": [marked]},
     ]
     code, body = await post(sim, "/v1/messages", turn)
     usage = json.loads(body)["usage"]

@@ -50,11 +50,13 @@ def _message(message: object) -> list[Any]:
     """One Anthropic message as chat messages: its text and tool calls, then tool results."""
     if not isinstance(message, Mapping) or not isinstance(message.get("content"), list):
         return [message]
-    content, calls, results = [], [], []
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     for block in message["content"]:
         kind = block.get("type") if isinstance(block, Mapping) else None
-        if kind == "text":
-            content.append(block)
+        if kind == "text":  # its text only: a template renders no cache_control
+            content.append(str(block.get("text", "")))
         elif kind == "tool_use":
             calls.append(
                 {"id": block.get("id"), "name": block.get("name"), "input": block.get("input")}
@@ -69,7 +71,7 @@ def _message(message: object) -> list[Any]:
             )
     converted = []
     if content or calls:
-        converted.append({"role": message.get("role"), "content": content})
+        converted.append({"role": message.get("role"), "content": "".join(content)})
         if calls:
             converted[0]["tool_calls"] = calls
     return converted + results

@@ -33,7 +33,7 @@ def _item(item: object) -> dict[str, Any]:
         raise HttpError(400, "Cannot determine type of 'item'")
     kind = item.get("type")
     if isinstance(item.get("role"), str):
-        return {"role": item["role"], "content": item.get("content")}
+        return {"role": item["role"], "content": _text(item.get("content"))}
     if kind == "function_call":
         call = {"name": item.get("name"), "arguments": item.get("arguments")}
         return {"role": "assistant", "content": "", "tool_calls": [call]}
@@ -42,6 +42,14 @@ def _item(item: object) -> dict[str, Any]:
     if kind == "reasoning":
         return {"role": "assistant", "content": "", "reasoning": item.get("content")}
     raise HttpError(400, "Cannot determine type of 'item'")
+
+
+def _text(content: object) -> object:
+    """A message's parts as the template renders them: their text, one after another."""
+    if not isinstance(content, list):
+        return content
+    parts = [p for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+    return "".join(p["text"] for p in parts) if len(parts) == len(content) else content
 
 
 def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
