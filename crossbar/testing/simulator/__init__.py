@@ -20,13 +20,21 @@ tests that count tokens fix the length with ``chunks``.  ``usage`` and ``timings
 what was sent: ``completion_tokens`` and ``predicted_n`` are the content tokens,
 ``predicted_ms`` their pace.
 
+Besides chat and text completions it speaks Anthropic's Messages API (``/v1/messages``, what
+Claude Code sends) and OpenAI's Responses API (``/v1/responses``, what Codex sends), and counts
+prompt tokens for both (``/v1/messages/count_tokens``, ``/v1/responses/input_tokens``,
+``/v1/chat/completions/input_tokens``), with the real server's event names, usage and errors
+(see ``apis``).  A request that forces a tool (Anthropic's ``tool_choice`` ``tool`` or ``any``,
+Responses' ``function`` or ``"required"``) is answered with a call of it.
+
 Every model server keeps a prompt cache as llama-server does (``cache``): ``slots`` slots
 holding the last prompt and answer of each, a host-memory cache of ``cache_ram`` tokens, the
 same choice of slot; ``timings.cache_n`` counts the prompt tokens found there, ``prompt_n``
 the others, which take ``prefill_time`` each.  A request waits while every slot is busy.
 
 What it does not copy: the real router sometimes puts several SSE events into one HTTP chunk
-(the simulator writes one event per chunk), and its tokens are not a tokenizer's.
+(the simulator writes one chat event per chunk, and a Messages or Responses stream's events
+of one token together, as llama-server does), and its tokens are not a tokenizer's.
 """
 
 from crossbar.testing.simulator.cache import CacheState, Prefill

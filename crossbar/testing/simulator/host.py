@@ -17,7 +17,8 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.task import deferLater
 from twisted.web.server import Request
 
-from crossbar.testing.simulator import serving
+from crossbar.testing.simulator import apis, serving
+from crossbar.testing.simulator.apis import COUNT, GENERATE, Api
 from crossbar.testing.simulator.cache import (
     SIMILARITY,
     CacheState,
@@ -25,10 +26,9 @@ from crossbar.testing.simulator.cache import (
     prompt_tokens,
     tokenize,
 )
-from crossbar.testing.simulator.completions import Reply, text
+from crossbar.testing.simulator.completions import Reply
 from crossbar.testing.simulator.models import ModelTable
 from crossbar.testing.simulator.replies import (
-    COMPLETIONS,
     METRICS,
     SLOTS,
     HttpError,
@@ -268,8 +268,12 @@ class SimulatedHost:
             else:
                 listing = single_models(self._single_model(), created)
             serving.send(request, 200, dumps(listing))
-        elif method == "POST" and path in COMPLETIONS:
-            await self._completion(request, chat="chat" in path, reset_after=reset_after)
+        elif method == "POST" and path in GENERATE:
+            await self._completion(request, GENERATE[path], reset_after=reset_after)
+        elif method == "POST" and path in COUNT:
+            body = serving.json_body(request)
+            await self._model(request, body)
+            serving.send(request, 200, dumps(apis.counted(COUNT[path], body)))
         elif method == "GET" and path in ("/props", "/slots", "/metrics"):
             await self._info(request, path)
         elif self.router and method == "POST" and path in ("/models/load", "/models/unload"):
@@ -322,23 +326,28 @@ class SimulatedHost:
             self._table.stop(model)
         serving.send(request, 200, dumps({"success": True}))
 
-    async def _completion(self, request: Request, *, chat: bool, reset_after: int | None) -> None:
-        body = serving.json_body(request)
+    async def _model(self, request: Request, body: dict[str, Any]) -> str:
+        """The model that serves ``body``: the one it names, ready, on a router."""
         requested = body.get("model")
         name = requested if isinstance(requested, str) else ""
-        if self.router:
-            await self._ready(request, name, touch=True)
-            if self.close_completions:
-                serving.close_after(request)
-        else:
-            name = name or next(iter(self._table.models))
-        tokens = prompt_tokens(body, chat=chat)
+        if not self.router:
+            return name or self._single_model()  # any name is answered as it was asked
+        await self._ready(request, name, touch=True)
+        if self.close_completions:
+            serving.close_after(request)
+        return name
+
+    async def _completion(self, request: Request, api: Api, *, reset_after: int | None) -> None:
+        body = serving.json_body(request)
+        name = await self._model(request, body)
+        chat = apis.to_chat(api, body)
+        tokens = prompt_tokens(chat, chat=api != "text")
         server = self._table.models[name if self.router else self._single_model()]
         cache, prefill = await self._slots.take(server.id, server.port, tokens)
         self.prefills.append(prefill)
         kept = tokens[: prefill.cache_n]  # what the slot holds if the client goes away
         try:
-            answer = await self._answer(request, body, chat, name, prefill, reset_after)
+            answer = await self._answer(request, api, body, chat, name, prefill, reset_after)
             if answer is not None:
                 kept = tokens + tokenize(answer)
         finally:
@@ -347,18 +356,19 @@ class SimulatedHost:
     async def _answer(
         self,
         request: Request,
+        api: Api,
         body: dict[str, Any],
-        chat: bool,
+        chat: dict[str, Any],
         name: str,
         prefill: Prefill,
         reset_after: int | None,
     ) -> str | None:
-        """Process the prompt, then send the answer; its text once the whole of it is out."""
+        """Process the prompt, then send the answer; what a slot keeps of it once it is out."""
         if prefill.prompt_n * self.prefill_time > 0:
             await deferLater(self._reactor, prefill.prompt_n * self.prefill_time)
         reply = Reply.to(
-            body,
-            chat=chat,
+            chat,
+            chat=api != "text",
             model=name,
             created=int(self._reactor.seconds()),
             chunks=self.chunks,
@@ -367,27 +377,20 @@ class SimulatedHost:
             prompt_n=prefill.prompt_n,
             prompt_ms=prefill.prompt_n * max(self.prefill_time, 1e-6) * 1000,
         )
+        shaped = apis.shape(api, body, reply, self.chunk_size)
         if body.get("stream") is True:
             request.setHeader(b"content-type", b"text/event-stream")
             request.setHeader(b"x-accel-buffering", b"no")
             request.setHeader(b"keep-alive", b"timeout=5, max=100")
-            options = body.get("stream_options")
-            with_usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = reply.events(self.chunk_size, with_usage)
+            events = shaped.events()
             stream = serving.SSEStream(self, self._reactor, request, events, reset_after)
             stream.start()
             await stream.done
-            return self._kept(reply) if request.finished else None
-        if self.chunk_interval > 0 and reply.tokens:
-            await deferLater(self._reactor, self.chunk_interval * reply.tokens)
+            return shaped.kept(ANSWER_KEPT) if request.finished else None
+        if self.chunk_interval > 0 and shaped.tokens:
+            await deferLater(self._reactor, self.chunk_interval * shaped.tokens)
         if self.router:
             # What the router relays from the model's server comes chunked, unbuffered.
             request.setHeader(b"x-accel-buffering", b"no")
-        whole = dumps(reply.whole(self.chunk_size))
-        serving.send(request, 200, whole, chunked=self.router)
-        return self._kept(reply)
-
-    def _kept(self, reply: Reply) -> str:
-        """What a slot keeps of an answer: its text, cut at ``ANSWER_KEPT`` letters (a real
-        slot's context ends somewhere, and a stress test's 64 MiB answer is not tokenized)."""
-        return text(0, min(reply.tokens * self.chunk_size, ANSWER_KEPT))
+        serving.send(request, 200, dumps(shaped.whole()), chunked=self.router)
+        return shaped.kept(ANSWER_KEPT)

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 # "build_info" (llama.cpp 0c1e57098 built from the llama-cpp-python 0.3.36 sdist says this).
 BUILD_INFO = "b1-0c1e570"
 STATUSES = ("loaded", "loading", "unloaded")
-COMPLETIONS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

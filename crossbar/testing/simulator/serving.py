@@ -21,7 +21,8 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
 from crossbar.server.listening import INTERNAL_LISTENER
-from crossbar.testing.simulator.replies import COMPLETIONS, HttpError, error_body, json_object
+from crossbar.testing.simulator.apis import GENERATE
+from crossbar.testing.simulator.replies import HttpError, error_body, json_object
 
 JSON = b"application/json; charset=utf-8"
 # The namespace the simulator has always logged under, whichever module logs.
@@ -158,7 +159,7 @@ def json_body(request: Request) -> dict[str, Any]:
 
 
 def wants_stream(request: Request) -> bool:
-    if request.method != b"POST" or request.path.decode() not in COMPLETIONS:
+    if request.method != b"POST" or request.path.decode() not in GENERATE:
         return False
     try:
         return json_body(request).get("stream") is True
