@@ -14,7 +14,7 @@ import re
 import time
 import tracemalloc
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -571,11 +571,12 @@ routes:
 """
 
 
-def ask(port: int, data: dict[str, Any]) -> str:
-    """One chat completion through the crossbar on ``port``; the host that answered."""
+def ask(port: int, data: dict[str, Any], path: str = CHAT) -> str:
+    """One request through the crossbar on ``port`` (a chat completion unless ``path``
+    says another API); the host that answered."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("POST", CHAT, json.dumps(data), {"Content-Type": "application/json"})
+        conn.request("POST", path, json.dumps(data), {"Content-Type": "application/json"})
         response = conn.getresponse()
         response.read()
         assert response.status == 200
@@ -604,8 +605,49 @@ TWO_REPLICAS_WITH_SLOTS = TWO_REPLICAS.replace(
 )
 
 
+Shape = Callable[[str, int], tuple[str, dict[str, Any]]]
+"""A conversation's turn as some API sends it: (path, body), from its first words and turn."""
+
+
+def chat_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
+    return CHAT, body(first, turn)
+
+
+def claude_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
+    """Turn ``turn`` of a Claude Code session: its billing header's nonce new every time."""
+    billing = (
+        f"x-anthropic-billing-header: cc_version=2.1.328.a1; cc_entrypoint=cli; cch={turn:05x};"
+    )
+    system = [{"type": "text", "text": billing}, {"type": "text", "text": "You are Claude Code."}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    for n in range(1, turn):
+        messages += [
+            {"role": "assistant", "content": f"done {n}"},
+            {"role": "user", "content": f"next {n}"},
+        ]
+    data = {"model": "tiny-a", "system": system, "messages": messages, "max_tokens": 4}
+    return "/lab/v1/messages", data
+
+
+def codex_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
+    """Turn ``turn`` of a Codex session: each answer a function call and its output."""
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": first}]
+    for n in range(1, turn):
+        items.append(
+            {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": f"c{n}"}
+        )
+        items.append({"type": "function_call_output", "call_id": f"c{n}", "output": "ok"})
+    data = {"model": "tiny-a", "instructions": "You are Codex.", "input": items}
+    return "/lab/v1/responses", data
+
+
 def alternate(
-    tmp_path: Path, config: str, firsts: list[str], turns: int, slots: int = 16
+    tmp_path: Path,
+    config: str,
+    firsts: list[str],
+    turns: int,
+    slots: int = 16,
+    shape: Shape = chat_turn,
 ) -> list[list[str]]:
     """Conversations beginning with ``firsts``, their turns alternating between two
     ``twistd`` crossbars with ``config`` over two simulated hosts of ``slots`` slots each
@@ -628,7 +670,8 @@ def alternate(
         for turn in range(1, turns + 1):
             for n, first in enumerate(firsts):
                 replica = daemons[(n + turn) % 2]
-                went[n].append(ask(replica.port, body(first, turn)))
+                path, data = shape(first, turn)
+                went[n].append(ask(replica.port, data, path))
         return went
     finally:
         for daemon in daemons:
@@ -640,6 +683,18 @@ def test_two_crossbar_processes_agree_on_every_conversations_host(tmp_path: Path
     """Each conversation's turns alternate between two replicas with the same config:
     every turn lands on the same host, with nothing shared between the replicas."""
     went = alternate(tmp_path, TWO_REPLICAS, [f"agent {n}" for n in range(8)], 4)
+    assert all(len(set(hosts)) == 1 for hosts in went), went
+    assert {host for hosts in went for host in hosts} == {"gpu-a", "gpu-b"}
+
+
+@pytest.mark.parametrize("shape", [claude_turn, codex_turn], ids=["claude-code", "codex"])
+def test_two_replicas_keep_every_turn_of_an_agent_session_on_one_host(
+    tmp_path: Path, shape: Shape
+) -> None:
+    """Claude Code's and Codex's sessions, their turns alternating between two replicas
+    (a new billing nonce every turn for Claude Code): every turn on one host."""
+    firsts = [f"agent {n}" for n in range(8)]
+    went = alternate(tmp_path, TWO_REPLICAS, firsts, 4, shape=shape)
     assert all(len(set(hosts)) == 1 for hosts in went), went
     assert {host for hosts in went for host in hosts} == {"gpu-a", "gpu-b"}
 
