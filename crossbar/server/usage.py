@@ -1,0 +1,399 @@
+"""Who used what: the tokens, cache hits and speed an answer reports, read as it streams by.
+
+A sans-IO reader: the relay feeds it every chunk of an answer's body and asks for its
+:class:`Usage` at the end. It never holds the stream back and never raises.
+
+What each API reports (llama-server, ``tools/server/server-task.cpp``):
+
+- chat and completions: ``usage`` (``prompt_tokens`` with the cached ones, ``completion_tokens``,
+  ``prompt_tokens_details.cached_tokens``), streamed only with ``include_usage``; and
+  ``timings`` (``cache_n``, ``prompt_n``, ``prompt_ms``, ``predicted_n``,
+  ``predicted_per_second``) on the last chunk, or the body, always;
+- Anthropic messages: ``input_tokens`` *without* the cached ones plus
+  ``cache_read_input_tokens`` (in ``message_start`` and the body), ``output_tokens`` (in
+  ``message_delta``); no timings, so the speed is measured here;
+- Responses: ``usage.input_tokens`` (cached included), ``input_tokens_details.cached_tokens``,
+  ``output_tokens`` in ``response.completed`` (or the body); no timings either.
+
+A stream's events are read one by one only until its first content event (the time to the
+first token: the head and ``:`` pings come before it); after it a chunk costs a ``bytes``
+search and an append, the last :data:`TAIL` bytes are kept and their usage read at the end
+(a ``response.completed`` longer than that, which repeats the answer, from its end).
+A number absent is unknown; one not an integer (a number, for a time), negative or too
+large is ignored and counted in :attr:`Usage.bad`, as is what cannot be read. Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import attrs
+import msgspec
+
+MAX_EVENT = 64 * 1024
+"""Longest event read before the first content; a longer one is skipped and counted bad."""
+TAIL = 16 * 1024
+"""Bytes of a stream's end kept, after its first content, for the events that carry usage."""
+MAX_BODY = 1024 * 1024
+"""Longest answer that is not streamed read for its usage; past it, unknown and counted bad."""
+MOST_TOKENS = 10**9
+"""More tokens than any prompt or answer has: a larger count is a bad number."""
+MOST_MS = 1e9
+"""A longer time (about 11 days) or a faster speed is a bad number."""
+
+APIS = frozenset({"chat", "completion", "anthropic", "responses"})
+
+_UNSET = msgspec.UNSET
+Raw = msgspec.Raw | msgspec.UnsetType
+_T = TypeVar("_T")
+
+
+@attrs.frozen
+class Usage:
+    """What one answer reports of its work; ``None`` where it reports nothing (or nothing good)."""
+
+    prompt: int | None
+    """Every prompt token, cached ones included."""
+    cached: int | None
+    """Of those, the ones read from the host's cache."""
+    generated: int | None
+    prefill_ms: float | None
+    tokens_per_second: float | None
+    """Generation speed: the host's ``timings``, else measured between content events."""
+    bad: int = 0
+    """Numbers, events or bodies from the host that were ignored."""
+
+
+class _Top(msgspec.Struct):
+    """An event's data or a whole body; every other key is skipped unbuilt."""
+
+    type: Raw = _UNSET
+    choices: Raw = _UNSET
+    content: Raw = _UNSET
+    usage: Raw = _UNSET
+    timings: Raw = _UNSET
+    message: Raw = _UNSET
+    response: Raw = _UNSET
+
+
+_ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
+_TOP = msgspec.json.Decoder(_Top)
+_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+"""A small object (usage, timings, a delta), each value left unread until asked for."""
+_CHOICES = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+_EMPTY = frozenset({b"", b'""', b"null", b"[]", b"{}"})
+_MARKERS = {
+    "chat": b'"delta":{"',
+    "completion": b'"text":"',
+    "anthropic": b"content_block_delta",
+    "responses": b'.delta"',
+}
+"""Bytes every content event of an API holds: a chunk with them is content, cheaply."""
+_TRAILING = {
+    key: re.compile(rb'"' + key + rb'"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
+    for key in (b"usage", b"timings")
+}
+_WINDOW = 4096  # how far past its key an object read from an event's end may reach
+_CONTENT = ("content", "reasoning_content", "tool_calls")
+"""A chat delta with any of these, not empty, is content (a role alone is not)."""
+_COUNTS = ("prompt_tokens", "completion_tokens", "input_tokens", "cache_read_input_tokens")
+_TIMES: dict[str, type[int] | type[float]] = {"cache_n": int, "prompt_n": int, "predicted_n": int}
+_TIMES |= {"prompt_ms": float, "predicted_per_second": float}
+
+
+def _filled(raw: Raw | None) -> bool:
+    return raw is not None and raw is not _UNSET and bytes(raw).strip() not in _EMPTY
+
+
+class _Tally:
+    """The host's numbers as they come: a later report of a field replaces an earlier one."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, float] = {}
+        self.bad = 0
+
+    def number(self, name: str, raw: Raw | None, kind: type[int] | type[float] = int) -> None:
+        if raw is None or raw is _UNSET or bytes(raw) == b"null":
+            return
+        try:
+            value = msgspec.json.decode(raw, type=kind)
+        except _ERRORS:
+            value = -1
+        if 0 <= value <= (MOST_TOKENS if kind is int else MOST_MS):
+            self.fields[name] = value
+        else:
+            self.bad += 1
+
+    def counts(self, raw: Raw | None, outputs: bool = True) -> None:
+        """A ``usage`` object; ``outputs=False`` for Anthropic's ``message_start``, whose
+        ``output_tokens`` is a 0 standing for "not yet"."""
+        found = self.object(raw)
+        for name in _COUNTS + (("output_tokens",) if outputs else ()):
+            self.number(name, found.get(name))
+        for details in ("prompt_tokens_details", "input_tokens_details"):
+            self.number("cached_tokens", self.object(found.get(details)).get("cached_tokens"))
+
+    def timings(self, raw: Raw | None) -> None:
+        found = self.object(raw)
+        for name, kind in _TIMES.items():
+            self.number(name, found.get(name), kind)
+
+    def top(self, top: _Top) -> None:
+        self.counts(top.usage)
+        self.timings(top.timings)
+        self.counts(self.object(top.message).get("usage"), outputs=False)
+        self.counts(self.object(top.response).get("usage"))
+
+    def object(self, raw: Raw | None) -> dict[str, msgspec.Raw]:
+        """A JSON object's keys, or none (counted bad when it is something else)."""
+        if raw is None or raw is _UNSET or bytes(raw) == b"null":
+            return {}
+        try:
+            return _OBJECT.decode(raw)
+        except _ERRORS:
+            self.bad += 1
+            return {}
+
+
+class AnswerReader:
+    """Reads one answer's body for its :class:`Usage`; ``api`` is ``chat``, ``completion``,
+    ``anthropic`` or ``responses`` (anything else reads nothing), ``streamed`` whether the
+    body is server-sent events. ``now`` gives the times of content events."""
+
+    feed: Callable[[bytes], None]
+    """Every chunk of the (de-chunked) body, in order, as it is relayed."""
+
+    def __init__(self, api: str, streamed: bool, now: Callable[[], float] | None = None) -> None:
+        self.first_content: float | None = None
+        """When the first content event came: the time to first token, not to the head."""
+        self.last_content: float | None = None
+        """When the last chunk with a content event came."""
+        self.first_content_event: int | None = None
+        """Which event of the stream (from 0, pings counted) was the first content."""
+        self._api = api
+        self._now = now or time.monotonic
+        self._tally = _Tally()
+        self._pending = bytearray()  # the event being read, before the first content
+        self._skipping = False  # inside an event over MAX_EVENT
+        self._events = 0
+        self._tail = bytearray()  # the last TAIL to 2 * TAIL bytes
+        self._after = 0  # seen after the first content
+        self._body = bytearray()
+        self._too_long = False
+        self._marker = _MARKERS.get(api, b"")
+        self._done: Usage | None = None
+        if api not in APIS:
+            self.feed = _ignore
+        elif streamed:
+            self.feed = self._read_events
+        else:
+            self.feed = self._keep_body
+
+    def usage(self) -> Usage:
+        """What the answer reported; the reader reads nothing more after this."""
+        if self._done is None:
+            self.feed = _ignore
+            self._finish()
+            self._done = self._sum()
+        return self._done
+
+    # Before the first content: every event is read.
+
+    def _read_events(self, data: bytes) -> None:
+        if b"\r" in data:
+            data = data.replace(b"\r", b"")
+        at = 0
+        while at < len(data):
+            if self._pending[-1:] == b"\n" and data[at : at + 1] == b"\n":
+                del self._pending[-1]
+                end, after = at, at + 1
+            else:
+                end = data.find(b"\n\n", at)
+                after = end + 2
+            if end < 0:
+                self._keep_partial(data, at)
+                return
+            if self._skipping:
+                self._skipping = False
+            elif len(self._pending) + end - at > MAX_EVENT:
+                self._tally.bad += 1
+                self._events += 1
+            else:
+                self._pending += data[at:end]
+                self._event(bytes(self._pending))
+            self._pending.clear()
+            at = after
+            if self.first_content is not None:
+                self.feed = self._keep_tail
+                if at < len(data):
+                    self._keep_tail(data[at:])
+                return
+
+    def _keep_partial(self, data: bytes, at: int) -> None:
+        piece = data[at:]
+        if self._skipping:
+            self._pending[:] = piece[-1:]
+        elif len(self._pending) + len(piece) > MAX_EVENT + 1:
+            self._tally.bad += 1
+            self._events += 1
+            self._skipping = True
+            self._pending[:] = piece[-1:]
+        else:
+            self._pending += piece
+
+    def _event(self, event: bytes) -> None:
+        if not event.strip():
+            return
+        name, data = _fields(event)
+        number = self._events
+        self._events += 1
+        top = self._read(data)
+        if top is not None and self.first_content is None and self._is_content(name, top):
+            self.first_content = self.last_content = self._now()
+            self.first_content_event = number
+
+    def _is_content(self, name: bytes, top: _Top) -> bool:
+        if self._api in ("anthropic", "responses"):
+            kind = name or _string(top.type)
+            if self._api == "anthropic":
+                return kind == b"content_block_delta"
+            return kind.startswith(b"response.") and kind.endswith(b".delta")
+        if self._api == "completion" and _filled(top.content):
+            return True
+        try:
+            choices = _CHOICES.decode(top.choices) if top.choices is not _UNSET else []
+        except _ERRORS:
+            self._tally.bad += 1
+            return False
+        for choice in choices:
+            delta = self._tally.object(choice.get("delta"))
+            if any(map(_filled, (choice.get("text"), *map(delta.get, _CONTENT)))):
+                return True
+        return False
+
+    # After the first content: a search and an append a chunk.
+
+    def _keep_tail(self, data: bytes) -> None:
+        if self._marker in data:
+            self.last_content = self._now()
+        self._after += len(data)
+        self._tail += data if len(data) <= TAIL else data[-TAIL:]
+        if len(self._tail) > 2 * TAIL:  # moved once every TAIL bytes or more
+            del self._tail[:-TAIL]
+
+    def _keep_body(self, data: bytes) -> None:
+        if len(self._body) + len(data) > MAX_BODY:
+            self._too_long = True
+            self._body = bytearray()
+            self.feed = _ignore
+        else:
+            self._body += data
+
+    # At the end.
+
+    def _finish(self) -> None:
+        if self._too_long:
+            self._tally.bad += 1
+        elif self._body:
+            self._read(self._body)
+        elif self._pending and not self._skipping:
+            self._event(bytes(self._pending).strip(b"\n"))
+        elif self._tail:
+            self._read_tail()
+
+    def _read_tail(self) -> None:
+        events = bytes(self._tail[-TAIL:]).replace(b"\r", b"").split(b"\n\n")
+        if self._after > TAIL:
+            self._read_trailing(events.pop(0))
+        for event in events:
+            self._read(_fields(event)[1])
+
+    def _read(self, data: bytes | bytearray) -> _Top | None:
+        """An event's data, or a body: its usage and timings tallied."""
+        if not data or data == b"[DONE]":
+            return None
+        try:
+            top = _TOP.decode(data)
+        except _ERRORS:
+            self._tally.bad += 1
+            return None
+        self._tally.top(top)
+        return top
+
+    def _read_trailing(self, cut: bytes) -> None:
+        """The end of an event longer than the tail: its last usage and timings objects."""
+        for key, pattern in _TRAILING.items():
+            at = cut.rfind(b'"' + key + b'"')
+            found = pattern.match(cut[at : at + _WINDOW]) if at >= 0 else None
+            if found is not None:
+                read = self._tally.counts if key == b"usage" else self._tally.timings
+                read(msgspec.Raw(found.group(1)))
+
+    def _sum(self) -> Usage:
+        got = self._tally.fields
+        bad = self._tally.bad
+        prompt = got.get("prompt_tokens")
+        cached = got.get("cached_tokens", got.get("cache_read_input_tokens"))
+        if prompt is None and "input_tokens" in got:
+            prompt = got["input_tokens"]
+            if self._api == "anthropic":
+                prompt += got.get("cache_read_input_tokens", 0)
+        if prompt is None and "prompt_n" in got and "cache_n" in got:
+            prompt = got["prompt_n"] + got["cache_n"]
+        if cached is None:
+            cached = got.get("cache_n")
+        if cached is not None and prompt is not None and cached > prompt:
+            bad += 1
+            cached = None
+        generated = got.get("completion_tokens", got.get("output_tokens", got.get("predicted_n")))
+        speed = got.get("predicted_per_second")
+        if speed is None and generated is not None:
+            speed = self._measured(int(generated))
+        return Usage(
+            prompt=_int(prompt),
+            cached=_int(cached),
+            generated=_int(generated),
+            prefill_ms=got.get("prompt_ms"),
+            tokens_per_second=speed,
+            bad=bad,
+        )
+
+    def _measured(self, generated: int) -> float | None:
+        """Tokens after the first over the time from the first content event to the last:
+        the first token's own time is the prefill's, as in llama-server's timings."""
+        if self.first_content is None or self.last_content is None or generated < 2:
+            return None
+        seconds = self.last_content - self.first_content
+        return (generated - 1) / seconds if seconds > 0 else None
+
+
+def _ignore(data: bytes) -> None:
+    """Reads nothing, for an API without usage or a reader that is done."""
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _string(raw: Raw) -> bytes:
+    if raw is _UNSET:
+        return b""
+    try:
+        return msgspec.json.decode(raw, type=str).encode()
+    except _ERRORS:
+        return b""
+
+
+def _fields(event: bytes) -> tuple[bytes, bytes]:
+    """An event's name and its data lines joined, as server-sent events define them."""
+    name = b""
+    data: list[bytes] = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].strip()
+    return name, b"\n".join(data)
