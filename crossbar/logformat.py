@@ -98,6 +98,12 @@ def _request(record: RequestRecord, model: object) -> dict[str, object]:
         "ttfb_ms": None if first_byte is None else round(first_byte * 1000),
         "bytes": record.sent,
         "wait_ms": None if record.waited is None else round(record.waited * 1000),
+        "key": record.key,
+        "prompt_tokens": record.prompt_tokens,
+        "cached_tokens": record.cached_tokens,
+        "completion_tokens": record.generated_tokens,
+        "ttft_ms": None if record.first_token is None else round(record.first_token * 1000),
+        "tok_s": None if record.tokens_per_second is None else round(record.tokens_per_second, 1),
         "note": "; ".join(notes) if notes else None,
     }
 

@@ -351,3 +351,43 @@ def test_a_request_for_star_gets_crossbar_s_own_json_answer(
     client = proxy.client()
     client.send(method + b" * HTTP/1.1\r\nHost: c\r\n\r\n")
     assert json_answer(client) == (400, {"error": "missing route"})
+
+
+# -- what the answer says of its work -----------------------------------------------------
+
+
+def sse(doc: object) -> bytes:
+    return chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
+
+
+def test_the_record_has_the_answer_s_tokens_and_its_first_token_not_its_head(
+    proxy: MemoryProxy,
+) -> None:
+    from crossbar.pages.metrics import Metrics
+
+    client = ask(proxy)
+    host = proxy.accept()
+    proxy.clock.advance(0.2)
+    host.send(HEAD)  # the head when a slot starts: no token yet
+    proxy.clock.advance(3.0)
+    host.send(chunk(b": ping\n\n"))  # a prefill ping
+    host.send(sse({"choices": [{"delta": {"role": "assistant", "content": None}}]}))
+    proxy.clock.advance(1.0)
+    host.send(sse({"choices": [{"delta": {"content": "Hi"}}]}))  # the first token, at 4.2 s
+    proxy.clock.advance(1.0)
+    timings = {"cache_n": 600, "prompt_n": 85, "prompt_ms": 90.5, "predicted_n": 40,
+               "predicted_per_second": 41.5}  # fmt: skip
+    last = {"choices": [{"delta": {}, "finish_reason": "stop"}], "timings": timings}
+    host.send(sse(last) + chunk(b"data: [DONE]\n\n") + END)
+    assert client.received.endswith(END)
+    [record] = proxy.records
+    assert (record.prompt_tokens, record.cached_tokens, record.generated_tokens) == (685, 600, 40)
+    assert record.first_byte == pytest.approx(0.2) and record.first_token == pytest.approx(4.2)
+    assert record.tokens_per_second == pytest.approx(41.5)
+    metrics = Metrics(proxy.table, proxy.traffic, proxy.clock)
+    metrics.request_done(record)
+    text = metrics.render().decode()
+    for kind, count in (("prompt", 685), ("cached", 600), ("generated", 40)):
+        # no keys on the route: its usage goes to the route
+        labels = f'host="gpu-a",key="lab",kind="{kind}",model="m",route="lab"'
+        assert f"crossbar_tokens_total{{{labels}}} {count}.0" in text

@@ -59,7 +59,9 @@ def test_a_twistd_log_file_gets_one_json_object_per_line(tmp_path: Path) -> None
     lines = [json.loads(line) for line in text.splitlines()]  # every line is one object
     assert all(isinstance(line, dict) and line["time"] for line in lines)
     [request] = [line for line in lines if line["event"] == "request"]
-    assert request | {"time": None, "ms": 0, "ttfb_ms": None} == {
+    # an unnamed key, by a fingerprint that cannot be turned back into it
+    assert re.fullmatch(r"key-[0-9a-f]{8}", request["key"]), request["key"]
+    assert request | {"time": None, "ms": 0, "ttfb_ms": None, "key": None} == {
         "time": None,
         "level": "info",
         "event": "request",
@@ -73,6 +75,12 @@ def test_a_twistd_log_file_gets_one_json_object_per_line(tmp_path: Path) -> None
         "ttfb_ms": None,
         "bytes": 0,
         "wait_ms": None,
+        "key": None,
+        "prompt_tokens": None,
+        "cached_tokens": None,
+        "completion_tokens": None,
+        "ttft_ms": None,
+        "tok_s": None,
         "note": None,
     }
     [host] = [line for line in lines if line["event"] == "host"]

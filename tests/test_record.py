@@ -31,6 +31,12 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "refused": False,
         "waited": None,
         "shed": None,
+        "key": None,
+        "prompt_tokens": None,
+        "cached_tokens": None,
+        "generated_tokens": None,
+        "first_token": None,
+        "tokens_per_second": None,
     }
 
 

@@ -60,6 +60,18 @@ class RequestRecord:
     """Seconds it waited in crossbar for a slot; ``None``: it did not wait."""
     shed: str | None = None
     """Answered without a host by the queue: ``limit``, ``timeout`` or ``stopping``."""
+    key: str | None = None
+    """Who asked, for usage: a key's holder by name, an unnamed key by a fingerprint that
+    cannot be turned back into it; ``None`` on a route without keys."""
+    prompt_tokens: int | None = None
+    """Every prompt token the answer reported, cached ones included."""
+    cached_tokens: int | None = None
+    """Of those, the ones the host read from its prompt cache."""
+    generated_tokens: int | None = None
+    first_token: float | None = None
+    """Seconds until the answer's first content event: not its head, not a ping."""
+    tokens_per_second: float | None = None
+    """Generation speed, as the host timed it, else as crossbar saw the content come."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""

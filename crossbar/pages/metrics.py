@@ -33,6 +33,7 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar.config.changes import Reloads
 from crossbar.fleet import HealthTable, RequestRecord, Traffic
 from crossbar.fleet.record import OTHER_MODEL
+from crossbar.pages.usage import UsageCounts
 from crossbar.pages.waiting import QueueCollector
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
@@ -279,6 +280,8 @@ class Metrics:
         self._table = table
         self.registry.register(_FleetCollector(table, traffic))
         self.registry.register(QueueCollector(traffic, clock.seconds if clock else time.time))
+        self._usage = UsageCounts()
+        self.registry.register(self._usage)
 
     def count_connections(self, site: ClientConnections) -> None:
         """Publish the client connections of ``site`` (the main listener's), read when
@@ -311,10 +314,13 @@ class Metrics:
             mine.first_byte[bisect_left(FIRST_BYTE_BUCKETS, first_byte)] += 1
             mine.first_byte_sum += first_byte
         mine.sent += record.sent
+        label = "-"
         if record.model is not None:
             label = record.model if self._table.knows(record.model) else OTHER_MODEL
             models = counts.models
             models[route, label] = models.get((route, label), 0) + 1
+        if record.prompt_tokens is not None or record.first_token is not None:
+            self._usage.count(record, route, host, label)
         if record.affinity is not None:
             placed = (route, host, record.affinity)
             counts.affinity[placed] = counts.affinity.get(placed, 0) + 1

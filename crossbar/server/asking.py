@@ -41,6 +41,8 @@ class Asked:
     credentials: bytes = b""
     """The client's own credential lines, for a host without a key of its own."""
     client: str = "unknown"
+    api: str = ""
+    """The API of its path (``chat``, ``anthropic``...: :data:`crossbar.server.shapes.SHAPES`)."""
 
 
 def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape | None]:
@@ -65,7 +67,7 @@ def read_request(
     the route's policy places by it), and what is sent on."""
     method = request.method
     body = request.content.getvalue() if request.content is not None else b""
-    found = Asked(model=route.default_model)
+    found = Asked(model=route.default_model, api=shape.name)
     default = route.default_model
     if body and method not in (b"GET", b"HEAD"):
         facts = read_body(shape, body, default, conversations and method == b"POST")

@@ -29,11 +29,13 @@ from crossbar.fleet import Ask, Conversation, Placement, RequestRecord, merged_l
 from crossbar.fleet.queue import Flow, Refused, Waiting
 from crossbar.server.asking import Asked, read_request, route_of
 from crossbar.server.context import ProxyContext
+from crossbar.server.ending import record_of
 from crossbar.server.phases import ENDED, MOVES, Phase
 from crossbar.server.request import answer_json, release_body
 from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
+from crossbar.server.usage import AnswerReader
 from crossbar.server.waiting import Waiter, Waits, flow_of
 from crossbar.upstream import Discard, Response, describe, is_cancellation
 
@@ -68,9 +70,10 @@ class Exchange:
         self._deadline: IDelayedCall | None = None
         self._body: StreamBody | None = None
         self._waiting: Waiting[Waiter] | None = None
-        self._flow: Flow | None = None  # who it is, where slots are counted
+        self.flow: Flow | None = None  # who it is, where slots are counted
         self.waited: float | None = None  # seconds it waited in crossbar for a slot
-        self._shed: str | None = None
+        self.shed_as: str | None = None  # why the queue answered it, if it did
+        self.reader: AnswerReader | None = None  # what the answer says of its work
 
     def _enter(self, phase: Phase) -> None:
         """The one place the exchange moves on; a move not in :data:`MOVES` is a bug."""
@@ -128,9 +131,9 @@ class Exchange:
                 return
             if self.waited is not None or not policy.reads_conversations:
                 exclude = exclude + waits.full_hosts(route, self.model, exclude)
-            if self._flow is None:  # counted in its flow's share (a popped one is already)
-                self._flow = self._flow_of(route)
-                waits.started(self._flow)
+            if self.flow is None:  # counted in its flow's share (a popped one is already)
+                self.flow = self._flow_of(route)
+                waits.started(self.flow)
         ask = Ask(self.model, self.conversation, exclude, proxy.clock.seconds())
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
         if choice is None:
@@ -184,7 +187,7 @@ class Exchange:
     def dispatched(self, waited: float) -> None:
         """A slot of its group is free: on to choosing, among the hosts with room."""
         assert self._waiting is not None
-        self._flow, self._waiting = self._waiting.flow, None  # started, as it was taken
+        self.flow, self._waiting = self._waiting.flow, None  # started, as it was taken
         self.waited = waited
         self._enter(Phase.CHOOSING)
         try:
@@ -194,7 +197,7 @@ class Exchange:
 
     def shed(self, refused: Refused) -> None:
         """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""
-        self._waiting, self._shed = None, refused.reason
+        self._waiting, self.shed_as = None, refused.reason
         retry = {b"retry-after": b"%d" % refused.retry_after}
         if not self.ended:
             self._enter(Phase.ANSWERED)
@@ -230,6 +233,10 @@ class Exchange:
             self.client_stalled,
         )
         self._body = body
+        streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                       for n, v in response.headers)  # fmt: skip
+        self.reader = reader = AnswerReader(self._asked.api, streamed, proxy.clock.seconds)
+        body.tap = reader.feed
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
         # complete); registering a producer then would raise, and no idle timer is needed.
@@ -364,33 +371,17 @@ class Exchange:
             elif self._body is not None:
                 self._body.stopProducing()
         self._count(None)
-        if self._flow is not None and self.proxy.waits is not None:
-            self.proxy.waits.finished(self._flow, self.proxy.clock.seconds() - self._sent)
+        if self.flow is not None and self.proxy.waits is not None:
+            self.proxy.waits.finished(self.flow, self.proxy.clock.seconds() - self._sent)
         self.proxy.observer.request_done(self.record())
+
+    @property
+    def sent(self) -> int:
+        return self._body.sent if self._body is not None else 0
 
     def record(self) -> RequestRecord:
         """The exchange as it ended, for its observers."""
-        placed = self.placement
-        left = self.phase is Phase.CLIENT_LEFT
-        return RequestRecord(
-            route=self.route.name if self.route is not None else "-",
-            host=self.host,
-            # A client that left before the end of its answer did not get it, whatever began.
-            status=499 if left else self.request.code,
-            seconds=self.proxy.clock.seconds() - self.started,
-            first_byte=self.first_byte,
-            sent=self._body.sent if self._body is not None else 0,
-            model=self.asked,
-            affinity=None if placed is None else placed.outcome,
-            method=self.request.method,
-            path=self.path,
-            tried=tuple(self.tried),
-            cut_off=self.phase is Phase.CUT_OFF,
-            client_left=left,
-            moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,
-            waited=self.waited,
-            shed=self._shed,
-        )
+        return record_of(self, self.proxy.clock.seconds())
 
 
 def _stopping(request: server.Request) -> bool:

@@ -47,10 +47,14 @@ class StreamBody(protocol.Protocol):
         self._timer: IDelayedCall | None = None
         self._stall: IDelayedCall | None = None
 
+    tap: Callable[[bytes], None] = staticmethod(lambda data: None)  # type: ignore[assignment]
+    """Sees every chunk as it is relayed (what the answer says of its work)."""
+
     def dataReceived(self, data: bytes) -> None:
         if self._timer is not None:
             self._timer.reset(self._idle_timeout)
         self.sent += len(data)
+        self.tap(data)
         self._request.write(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
