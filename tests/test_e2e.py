@@ -63,8 +63,11 @@ async def test_openai_client_streaming(fleet: Rig) -> None:
     pieces = await deferToThread(ask)
     assert "".join(pieces) == "abcde"
     assert len([p for p in pieces if p]) == 5
-    assert fleet.sims["gpu-b"].requests == [
-        r for r in fleet.sims["gpu-b"].requests if r.path in ("/health", "/v1/models")
+    assert fleet.sims["gpu-b"].requests == [  # polls only: health, models, a model's slots
+        r
+        for r in fleet.sims["gpu-b"].requests
+        if r.path in ("/health", "/v1/models")
+        or (r.path.startswith("/props?model=") and r.path.endswith("&autoload=false"))
     ]
 
 
