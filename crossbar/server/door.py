@@ -16,6 +16,8 @@ from urllib.parse import unquote_to_bytes
 
 import attrs
 
+from crossbar.server.errors import error_payload
+
 
 @attrs.frozen
 class Refusal:
@@ -177,10 +179,12 @@ def while_draining(heads: int, path: bytes) -> Refusal | None:
     return None
 
 
-def answer(refusal: Refusal, head_only: bool = False) -> bytes:
-    """A refusal's bytes on the wire: its JSON error, its length, its headers, and the
-    connection's end (``head_only``: the answer to a HEAD, without the body)."""
-    body = json.dumps({"error": refusal.error}, separators=(",", ":")).encode()
+def answer(refusal: Refusal, head_only: bool = False, path: bytes = b"") -> bytes:
+    """A refusal's bytes on the wire: its JSON error (in the shape ``path``'s API reads),
+    its length, its headers, and the connection's end (``head_only``: the answer to a HEAD,
+    without the body)."""
+    payload = error_payload(path, refusal.status, refusal.error)
+    body = json.dumps(payload, separators=(",", ":")).encode()
     lines = [
         b"HTTP/1.1 %d %s\r\n" % (refusal.status, REASONS.get(refusal.status, b"Refused")),
         b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body),

@@ -30,6 +30,7 @@ from crossbar.fleet.queue import Flow, Refused, Waiting
 from crossbar.server.asking import Asked, read_request, route_of
 from crossbar.server.context import ProxyContext
 from crossbar.server.ending import record_of
+from crossbar.server.errors import error_payload
 from crossbar.server.phases import ENDED, MOVES, Phase
 from crossbar.server.request import answer_json, release_body
 from crossbar.server.rewrite import BadTarget, answer_headers
@@ -201,7 +202,8 @@ class Exchange:
         retry = {b"retry-after": b"%d" % refused.retry_after}
         if not self.ended:
             self._enter(Phase.ANSWERED)
-            answer_json(self.request, refused.status, {"error": refused.error}, None, retry)
+            payload = error_payload(self.path, refused.status, refused.error)
+            answer_json(self.request, refused.status, payload, None, retry)
 
     # -- waiting for the head --------------------------------------------------------------
 
@@ -297,7 +299,7 @@ class Exchange:
         self._enter(Phase.ANSWERED)  # before the body's end, which then changes nothing
         self._body.stopProducing()
         self.request.unregisterProducer()
-        answer_json(self.request, 504, {"error": "upstream timeout", "host": host}, host)
+        self._error(504, "upstream timeout", {"host": host})
 
     def client_stalled(self) -> None:
         """The client read nothing of its answer for ``idle_timeout``: it holds a host's
@@ -358,7 +360,11 @@ class Exchange:
         if self.ended:
             return
         self._enter(Phase.ANSWERED)
-        answer_json(self.request, status, {"error": message, **extra}, self.host)
+        self._error(status, message, extra)
+
+    def _error(self, status: int, message: str, extra: dict[str, str]) -> None:
+        payload = error_payload(self.path, status, message, extra)
+        answer_json(self.request, status, payload, self.host)
 
     def _ended(self, result: object) -> None:
         """The client's side is over: the answer was sent, or the client left."""

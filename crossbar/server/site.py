@@ -187,7 +187,8 @@ class Channel(ParserRefusals):
         self.rawDataReceived = _drop  # type: ignore[method-assign]
         method, target = request_line(self)
         transport: Any = self.transport
-        transport.write(door.answer(refusal, head_only=method == b"HEAD"))
+        path = target.partition(b"?")[0]
+        transport.write(door.answer(refusal, head_only=method == b"HEAD", path=path))
         if ITCPTransport.providedBy(transport):
             transport.loseWriteConnection()
         else:
@@ -195,7 +196,6 @@ class Channel(ParserRefusals):
         self._linger = self.callLater(LINGER, transport.abortConnection)
         if refusal is door.NO_REQUEST:
             return  # no request to log: it is counted
-        path = target.partition(b"?")[0]
         status = refusal.status
         record = RequestRecord("-", None, status, 0.0, method=method, path=path, refused=True)
         self.site.observer.request_done(record)
