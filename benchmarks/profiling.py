@@ -160,6 +160,7 @@ def main() -> None:
         probe=False,
         gc_tune="",
         crossbar_src=args.crossbar_src,
+        python=None,
         connections=64,
         threads=2,
         chunks=args.chunks,

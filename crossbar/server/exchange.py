@@ -36,7 +36,7 @@ from crossbar.server.request import answer_json, release_body
 from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import stop
-from crossbar.server.usage import AnswerReader
+from crossbar.server.usage import APIS, AnswerReader
 from crossbar.server.waiting import Waiter, Waits, flow_of
 from crossbar.upstream import Discard, Response, describe, is_cancellation
 
@@ -237,8 +237,9 @@ class Exchange:
         self._body = body
         streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
                        for n, v in response.headers)  # fmt: skip
-        self.reader = reader = AnswerReader(self._asked.api, streamed, proxy.clock.seconds)
-        body.tap = reader.feed
+        if self._asked.api in APIS:  # what the answer says of its work, where it says it
+            self.reader = reader = AnswerReader(self._asked.api, streamed, proxy.clock.seconds)
+            body.tap = reader.feed
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
         # complete); registering a producer then would raise, and no idle timer is needed.

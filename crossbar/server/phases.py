@@ -19,6 +19,8 @@ import enum
 class Phase(enum.Enum):
     """Where an exchange stands."""
 
+    __hash__ = object.__hash__  # a member is its own identity: hashed in C, not by name
+
     CHOOSING = "choosing a host"
     """Reading the request and choosing a host (again, after a failure before any answer)."""
     QUEUED = "waiting for a slot"
