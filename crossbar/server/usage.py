@@ -33,16 +33,14 @@ from typing import TypeVar
 import attrs
 import msgspec
 
+from crossbar.server.tally import ERRORS, Tally
+
 MAX_EVENT = 64 * 1024
 """Longest event read before the first content; a longer one is skipped and counted bad."""
 TAIL = 16 * 1024
 """Bytes of a stream's end kept, after its first content, for the events that carry usage."""
 MAX_BODY = 1024 * 1024
 """Longest answer that is not streamed read for its usage; past it, unknown and counted bad."""
-MOST_TOKENS = 10**9
-"""More tokens than any prompt or answer has: a larger count is a bad number."""
-MOST_MS = 1e9
-"""A longer time (about 11 days) or a faster speed is a bad number."""
 
 APIS = frozenset({"chat", "completion", "anthropic", "responses"})
 
@@ -79,10 +77,8 @@ class _Top(msgspec.Struct):
     response: Raw = _UNSET
 
 
-_ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
+_ERRORS = ERRORS
 _TOP = msgspec.json.Decoder(_Top)
-_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
-"""A small object (usage, timings, a delta), each value left unread until asked for."""
 _CHOICES = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
 _EMPTY = frozenset({b"", b'""', b"null", b"[]", b"{}"})
 _MARKERS = {
@@ -99,63 +95,10 @@ _TRAILING = {
 _WINDOW = 4096  # how far past its key an object read from an event's end may reach
 _CONTENT = ("content", "reasoning_content", "tool_calls")
 """A chat delta with any of these, not empty, is content (a role alone is not)."""
-_COUNTS = ("prompt_tokens", "completion_tokens", "input_tokens", "cache_read_input_tokens")
-_TIMES: dict[str, type[int] | type[float]] = {"cache_n": int, "prompt_n": int, "predicted_n": int}
-_TIMES |= {"prompt_ms": float, "predicted_per_second": float}
 
 
 def _filled(raw: Raw | None) -> bool:
     return raw is not None and raw is not _UNSET and bytes(raw).strip() not in _EMPTY
-
-
-class _Tally:
-    """The host's numbers as they come: a later report of a field replaces an earlier one."""
-
-    def __init__(self) -> None:
-        self.fields: dict[str, float] = {}
-        self.bad = 0
-
-    def number(self, name: str, raw: Raw | None, kind: type[int] | type[float] = int) -> None:
-        if raw is None or raw is _UNSET or bytes(raw) == b"null":
-            return
-        try:
-            value = msgspec.json.decode(raw, type=kind)
-        except _ERRORS:
-            value = -1
-        if 0 <= value <= (MOST_TOKENS if kind is int else MOST_MS):
-            self.fields[name] = value
-        else:
-            self.bad += 1
-
-    def counts(self, raw: Raw | None, outputs: bool = True) -> None:
-        """A ``usage`` object; ``outputs=False`` for Anthropic's ``message_start``, whose
-        ``output_tokens`` is a 0 standing for "not yet"."""
-        found = self.object(raw)
-        for name in _COUNTS + (("output_tokens",) if outputs else ()):
-            self.number(name, found.get(name))
-        for details in ("prompt_tokens_details", "input_tokens_details"):
-            self.number("cached_tokens", self.object(found.get(details)).get("cached_tokens"))
-
-    def timings(self, raw: Raw | None) -> None:
-        found = self.object(raw)
-        for name, kind in _TIMES.items():
-            self.number(name, found.get(name), kind)
-
-    def top(self, top: _Top) -> None:
-        self.counts(top.usage)
-        self.timings(top.timings)
-        self.counts(self.object(top.message).get("usage"), outputs=False)
-        self.counts(self.object(top.response).get("usage"))
-
-    def object(self, raw: Raw | None) -> dict[str, msgspec.Raw]:
-        """A JSON object's keys, or none (counted bad when it is something else)."""
-        if raw is None or raw is _UNSET or bytes(raw) == b"null":
-            return {}
-        try:
-            return _OBJECT.decode(raw)
-        except _ERRORS:
-            self.bad += 1
-            return {}
 
 
 class AnswerReader:
@@ -175,7 +118,7 @@ class AnswerReader:
         """Which event of the stream (from 0, pings counted) was the first content."""
         self._api = api
         self._now = now or time.monotonic
-        self._tally = _Tally()
+        self._tally = Tally()
         self._pending = bytearray()  # the event being read, before the first content
         self._skipping = False  # inside an event over MAX_EVENT
         self._events = 0

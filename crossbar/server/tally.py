@@ -1,0 +1,124 @@
+"""The numbers an answer reports of its work, checked as they come: a count that is not a
+whole number, is negative or is too large, or a time that is not a number, is ignored and
+counted as bad, never summed. Pure, no I/O (the reader is :mod:`crossbar.server.usage`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+MOST_TOKENS = 10**9
+"""More tokens than any prompt or answer has: a larger count is a bad number."""
+MOST_MS = 1e9
+"""A longer time (about 11 days) or a faster speed is a bad number."""
+
+Raw = msgspec.Raw | msgspec.UnsetType
+_UNSET = msgspec.UNSET
+ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
+_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+"""A small object (usage, timings, a delta), each value left unread until asked for."""
+
+
+class _Counts(msgspec.Struct, gc=False):
+    """A ``usage`` object's numbers, each as the JSON gave it (checked in :meth:`Tally.number`)."""
+
+    prompt_tokens: Any = None
+    completion_tokens: Any = None
+    input_tokens: Any = None
+    cache_read_input_tokens: Any = None
+    output_tokens: Any = None
+    prompt_tokens_details: Any = None
+    input_tokens_details: Any = None
+
+
+class _Timings(msgspec.Struct, gc=False):
+    cache_n: Any = None
+    prompt_n: Any = None
+    predicted_n: Any = None
+    prompt_ms: Any = None
+    predicted_per_second: Any = None
+
+
+_COUNTS_DECODER = msgspec.json.Decoder(_Counts)
+_TIMINGS_DECODER = msgspec.json.Decoder(_Timings)
+
+
+class Tally:
+    """The host's numbers as they come: a later report of a field replaces an earlier one."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, float] = {}
+        self.bad = 0
+
+    def number(self, name: str, value: Any, kind: type[int] | type[float] = int) -> None:
+        """``value`` as decoded: kept if it is a number of ``kind`` in range, else counted."""
+        if value is None:
+            return
+        if kind is int:
+            good = type(value) is int and 0 <= value <= MOST_TOKENS
+        else:
+            good = type(value) in (int, float) and 0 <= value <= MOST_MS
+        if good:
+            self.fields[name] = value
+        else:
+            self.bad += 1
+
+    def counts(self, raw: Raw | None, outputs: bool = True) -> None:
+        """A ``usage`` object; ``outputs=False`` for Anthropic's ``message_start``, whose
+        ``output_tokens`` is a 0 standing for "not yet"."""
+        if raw is None or raw is _UNSET or bytes(raw) == b"null":
+            return
+        try:
+            found = _COUNTS_DECODER.decode(raw)
+        except ERRORS:
+            self.bad += 1
+            return
+        number = self.number
+        number("prompt_tokens", found.prompt_tokens)
+        number("completion_tokens", found.completion_tokens)
+        number("input_tokens", found.input_tokens)
+        number("cache_read_input_tokens", found.cache_read_input_tokens)
+        if outputs:
+            number("output_tokens", found.output_tokens)
+        for details in (found.prompt_tokens_details, found.input_tokens_details):
+            if details is None:
+                continue
+            if isinstance(details, dict):
+                number("cached_tokens", details.get("cached_tokens"))
+            else:
+                self.bad += 1
+
+    def timings(self, raw: Raw | None) -> None:
+        if raw is None or raw is _UNSET or bytes(raw) == b"null":
+            return
+        try:
+            found = _TIMINGS_DECODER.decode(raw)
+        except ERRORS:
+            self.bad += 1
+            return
+        number = self.number
+        number("cache_n", found.cache_n)
+        number("prompt_n", found.prompt_n)
+        number("predicted_n", found.predicted_n)
+        number("prompt_ms", found.prompt_ms, float)
+        number("predicted_per_second", found.predicted_per_second, float)
+
+    def top(self, top: Any) -> None:
+        """An event's data or a body, as :mod:`crossbar.server.usage` decoded it."""
+        self.counts(top.usage)
+        self.timings(top.timings)
+        if top.message is not _UNSET:
+            self.counts(self.object(top.message).get("usage"), outputs=False)
+        if top.response is not _UNSET:
+            self.counts(self.object(top.response).get("usage"))
+
+    def object(self, raw: Raw | None) -> dict[str, msgspec.Raw]:
+        """A JSON object's keys, or none (counted bad when it is something else)."""
+        if raw is None or raw is _UNSET or bytes(raw) == b"null":
+            return {}
+        try:
+            return _OBJECT.decode(raw)
+        except ERRORS:
+            self.bad += 1
+            return {}
