@@ -22,8 +22,7 @@ from pathlib import Path
 
 import attrs
 
-from tests.npm import install_npm_package, private_dirs
-from tests.support import free_port
+from tests.npm import install_npm_package, sandbox_env
 
 CLAUDE_VERSION = "2.1.328"
 """The pinned ``@anthropic-ai/claude-code`` (its binary is the optional dependency
@@ -79,26 +78,6 @@ def codex_config(base_url: str, model: str = MODEL, retries: int | None = None) 
         lines += [f"request_max_retries = {retries}", f"stream_max_retries = {retries}"]
     lines += ["", "[analytics]", "enabled = false", "", "[feedback]", "enabled = false"]
     return "\n".join(lines) + "\n"
-
-
-def sandbox_env(home: Path) -> dict[str, str]:
-    """Private dirs, and no network but 127.0.0.1 (proxies that refuse everything else)."""
-    nowhere = f"http://127.0.0.1:{free_port()}"  # refused: nothing listens there
-    return {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "LANG": "C.UTF-8",
-        "NO_COLOR": "1",
-        **private_dirs(home),
-        "HTTP_PROXY": nowhere,
-        "HTTPS_PROXY": nowhere,
-        "ALL_PROXY": nowhere,
-        "http_proxy": nowhere,
-        "https_proxy": nowhere,
-        "all_proxy": nowhere,
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-        "npm_config_registry": f"{nowhere}/",
-    }
 
 
 # -- the installs, cached -----------------------------------------------------------------------

@@ -18,6 +18,8 @@ from typing import NoReturn
 
 import pytest
 
+from tests.support import free_port
+
 REQUIRE_NPM_ENV = "CROSSBAR_REQUIRE_OPENCODE"
 """Set to a non-empty value, a package npm cannot install fails its test instead of skipping it."""
 
@@ -164,3 +166,23 @@ def install_npm_package(
     if not ready(dest):
         unavailable(f"{package} does not work in {dest} after the install")
     return dest
+
+
+def sandbox_env(home: Path) -> dict[str, str]:
+    """Private dirs, and no network but 127.0.0.1 (proxies that refuse everything else)."""
+    nowhere = f"http://127.0.0.1:{free_port()}"  # refused: nothing listens there
+    return {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "LANG": "C.UTF-8",
+        "NO_COLOR": "1",
+        **private_dirs(home),
+        "HTTP_PROXY": nowhere,
+        "HTTPS_PROXY": nowhere,
+        "ALL_PROXY": nowhere,
+        "http_proxy": nowhere,
+        "https_proxy": nowhere,
+        "all_proxy": nowhere,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "npm_config_registry": f"{nowhere}/",
+    }

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.npm import install_npm_package, private_dirs
-from tests.support import Daemon, free_port, http_status, start_daemon
+from tests.npm import install_npm_package, sandbox_env
+from tests.support import Daemon, http_status, start_daemon
 
 OPENCODE_VERSION = "1.18.33"
 """The pinned ``opencode-ai`` on npm (its platform binary comes as an optional dependency,
@@ -78,22 +78,8 @@ def _tail(text: str | bytes | None, lines: int = 30) -> str:
 
 def opencode_env(home: Path) -> dict[str, str]:
     """An environment of OpenCode's own: private dirs, no network but 127.0.0.1."""
-    nowhere = f"http://127.0.0.1:{free_port()}"  # refused: nothing listens there
     return {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "LANG": "C.UTF-8",
-        "NO_COLOR": "1",
-        **private_dirs(home),
-        # Anything but loopback goes through a proxy that refuses; npm's registry too.
-        "HTTP_PROXY": nowhere,
-        "HTTPS_PROXY": nowhere,
-        "ALL_PROXY": nowhere,
-        "http_proxy": nowhere,
-        "https_proxy": nowhere,
-        "all_proxy": nowhere,
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-        "npm_config_registry": f"{nowhere}/",
+        **sandbox_env(home),
         # OpenCode's own switches for what it would fetch, share or read.
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",

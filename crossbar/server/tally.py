@@ -4,7 +4,7 @@ counted as bad, never summed. Pure, no I/O (the reader is :mod:`crossbar.server.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -15,6 +15,7 @@ MOST_MS = 1e9
 
 Raw = msgspec.Raw | msgspec.UnsetType
 _UNSET = msgspec.UNSET
+_T = TypeVar("_T")
 ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeError, ValueError)
 _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 """A small object (usage, timings, a delta), each value left unread until asked for."""
@@ -67,12 +68,8 @@ class Tally:
     def counts(self, raw: Raw | None, outputs: bool = True) -> None:
         """A ``usage`` object; ``outputs=False`` for Anthropic's ``message_start``, whose
         ``output_tokens`` is a 0 standing for "not yet"."""
-        if raw is None or raw is _UNSET or bytes(raw) == b"null":
-            return
-        try:
-            found = _COUNTS_DECODER.decode(raw)
-        except ERRORS:
-            self.bad += 1
+        found = self._decoded(_COUNTS_DECODER, raw)
+        if found is None:
             return
         number = self.number
         number("prompt_tokens", found.prompt_tokens)
@@ -90,12 +87,8 @@ class Tally:
                 self.bad += 1
 
     def timings(self, raw: Raw | None) -> None:
-        if raw is None or raw is _UNSET or bytes(raw) == b"null":
-            return
-        try:
-            found = _TIMINGS_DECODER.decode(raw)
-        except ERRORS:
-            self.bad += 1
+        found = self._decoded(_TIMINGS_DECODER, raw)
+        if found is None:
             return
         number = self.number
         number("cache_n", found.cache_n)
@@ -103,6 +96,16 @@ class Tally:
         number("predicted_n", found.predicted_n)
         number("prompt_ms", found.prompt_ms, float)
         number("predicted_per_second", found.predicted_per_second, float)
+
+    def _decoded(self, decoder: msgspec.json.Decoder[_T], raw: Raw | None) -> _T | None:
+        """``raw`` decoded; ``None`` when absent, or unreadable (counted bad)."""
+        if raw is None or raw is _UNSET or bytes(raw) == b"null":
+            return None
+        try:
+            return decoder.decode(raw)
+        except ERRORS:
+            self.bad += 1
+            return None
 
     def top(self, top: Any) -> None:
         """An event's data or a body, as :mod:`crossbar.server.usage` decoded it."""
@@ -115,10 +118,4 @@ class Tally:
 
     def object(self, raw: Raw | None) -> dict[str, msgspec.Raw]:
         """A JSON object's keys, or none (counted bad when it is something else)."""
-        if raw is None or raw is _UNSET or bytes(raw) == b"null":
-            return {}
-        try:
-            return _OBJECT.decode(raw)
-        except ERRORS:
-            self.bad += 1
-            return {}
+        return self._decoded(_OBJECT, raw) or {}

@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crossbar.testing.simulator.completions import Reply, text
+from crossbar.testing.simulator.completions import text
 from crossbar.testing.simulator.replies import HttpError, dumps
-from crossbar.testing.simulator.toolcalls import ToolCall, pick
+from crossbar.testing.simulator.toolcalls import ToolCall, Written, pick
 
 _BILLING = "x-anthropic-billing-header:"
 _NONCE = 5  # letters of the billing header's cch= nonce
@@ -115,27 +115,8 @@ def _sse(name: str, data: dict[str, Any]) -> bytes:
 
 
 @dataclass(frozen=True)
-class MessagesAnswer:
+class MessagesAnswer(Written):
     """A generated answer in the Messages API's shape: text, or the forced ``tool``'s call."""
-
-    reply: Reply
-    size: int  # letters a token
-    tool: ToolCall | None
-
-    @property
-    def tokens(self) -> int:
-        return self.reply.tokens if self.tool is None else self.tool.tokens(self.size)
-
-    @property
-    def said(self) -> str:
-        """What the model wrote: the text, or the call's arguments."""
-        return self.reply.content(self.size) if self.tool is None else self.tool.arguments
-
-    def kept(self, limit: int) -> str:
-        """The first ``limit`` letters of what the model wrote (what a slot keeps)."""
-        if self.tool is None:
-            return text(0, min(self.reply.tokens * self.size, limit))
-        return self.tool.arguments[:limit]
 
     def _stop_reason(self) -> str:
         if self.tool is not None:

@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crossbar.testing.simulator.completions import Reply, text
+from crossbar.testing.simulator.completions import text
 from crossbar.testing.simulator.replies import HttpError, dumps
-from crossbar.testing.simulator.toolcalls import ToolCall, pick, random_id
+from crossbar.testing.simulator.toolcalls import ToolCall, Written, pick, random_id
 
 _PASSED = ("input", "instructions", "tools", "max_output_tokens", "reasoning")
 
@@ -106,29 +106,11 @@ def _sse(data: dict[str, Any]) -> bytes:
 
 
 @dataclass(frozen=True)
-class ResponsesAnswer:
+class ResponsesAnswer(Written):
     """A generated answer in the Responses API's shape: text, or the forced ``tool``'s call."""
 
-    reply: Reply
-    size: int  # letters a token
-    tool: ToolCall | None
     id: str = field(default_factory=lambda: "resp_" + random_id())
     message_id: str = field(default_factory=lambda: "msg_" + random_id())
-
-    @property
-    def tokens(self) -> int:
-        return self.reply.tokens if self.tool is None else self.tool.tokens(self.size)
-
-    @property
-    def said(self) -> str:
-        """What the model wrote: the text, or the call's arguments."""
-        return self.reply.content(self.size) if self.tool is None else self.tool.arguments
-
-    def kept(self, limit: int) -> str:
-        """The first ``limit`` letters of what the model wrote (what a slot keeps)."""
-        if self.tool is None:
-            return text(0, min(self.reply.tokens * self.size, limit))
-        return self.tool.arguments[:limit]
 
     def _usage(self) -> dict[str, Any]:
         prompt = self.reply.usage["prompt_tokens"]

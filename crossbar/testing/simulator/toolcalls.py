@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crossbar.testing.simulator.completions import text
+from crossbar.testing.simulator.completions import Reply, text
 
 _ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _PLAIN = {"integer": 1, "number": 1, "boolean": True, "array": [], "object": {}, "null": None}
@@ -80,3 +80,27 @@ def pick(tools: object, name: str | None, schema_key: str) -> ToolCall | None:
         if name is None or tool["name"] == name:
             return ToolCall.of(tool["name"], tool.get(schema_key))
     return None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a model wrote for one answer, in any API: text, or the forced ``tool``'s call."""
+
+    reply: Reply
+    size: int  # letters a token
+    tool: ToolCall | None
+
+    @property
+    def tokens(self) -> int:
+        return self.reply.tokens if self.tool is None else self.tool.tokens(self.size)
+
+    @property
+    def said(self) -> str:
+        """What the model wrote: the text, or the call's arguments."""
+        return self.reply.content(self.size) if self.tool is None else self.tool.arguments
+
+    def kept(self, limit: int) -> str:
+        """The first ``limit`` letters of what the model wrote (what a slot keeps)."""
+        if self.tool is None:
+            return text(0, min(self.reply.tokens * self.size, limit))
+        return self.tool.arguments[:limit]
