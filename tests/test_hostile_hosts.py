@@ -462,7 +462,9 @@ async def test_half_a_million_ids_new_on_every_poll_are_read_once_a_minute(
         worst = max(worst, time.perf_counter() - started)
         assert response.code == 200
     print(f"livez answered within {worst * 1000:.0f} ms during 5 polls of new lists")
-    assert worst < 0.3
+    # Each poll still receives the 8 MiB and hashes it, ten times a second here: a looser
+    # bound than the 0.3 s of a list that stays the same (above), which that costs nothing.
+    assert worst < 0.5
     assert rig.state("evil").healthy and rig.state("evil").known == first  # not read again
 
 
