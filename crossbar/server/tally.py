@@ -21,7 +21,7 @@ _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 """A small object (usage, timings, a delta), each value left unread until asked for."""
 
 
-class _Counts(msgspec.Struct, gc=False):
+class Counts(msgspec.Struct, gc=False):
     """A ``usage`` object's numbers, each as the JSON gave it (checked in :meth:`Tally.number`)."""
 
     prompt_tokens: Any = None
@@ -33,7 +33,7 @@ class _Counts(msgspec.Struct, gc=False):
     input_tokens_details: Any = None
 
 
-class _Timings(msgspec.Struct, gc=False):
+class Timings(msgspec.Struct, gc=False):
     cache_n: Any = None
     prompt_n: Any = None
     predicted_n: Any = None
@@ -41,8 +41,8 @@ class _Timings(msgspec.Struct, gc=False):
     predicted_per_second: Any = None
 
 
-_COUNTS_DECODER = msgspec.json.Decoder(_Counts)
-_TIMINGS_DECODER = msgspec.json.Decoder(_Timings)
+_COUNTS_DECODER = msgspec.json.Decoder(Counts)
+_TIMINGS_DECODER = msgspec.json.Decoder(Timings)
 
 
 class Tally:
@@ -65,10 +65,10 @@ class Tally:
         else:
             self.bad += 1
 
-    def counts(self, raw: Raw | None, outputs: bool = True) -> None:
+    def counts(self, raw: Raw | Counts | None, outputs: bool = True) -> None:
         """A ``usage`` object; ``outputs=False`` for Anthropic's ``message_start``, whose
         ``output_tokens`` is a 0 standing for "not yet"."""
-        found = self._decoded(_COUNTS_DECODER, raw)
+        found = raw if isinstance(raw, Counts) else self._decoded(_COUNTS_DECODER, raw)
         if found is None:
             return
         number = self.number
@@ -86,8 +86,8 @@ class Tally:
             else:
                 self.bad += 1
 
-    def timings(self, raw: Raw | None) -> None:
-        found = self._decoded(_TIMINGS_DECODER, raw)
+    def timings(self, raw: Raw | Timings | None) -> None:
+        found = raw if isinstance(raw, Timings) else self._decoded(_TIMINGS_DECODER, raw)
         if found is None:
             return
         number = self.number
