@@ -345,6 +345,10 @@ def test_a_cut_anthropic_stream_does_not_report_zero_generated() -> None:
 
 def test_garbage_is_unknown_and_counted() -> None:
     got = read("chat", True, [b"data: {not json\n\n", delta({"content": "x"}), b"data: [1,\n\n"])
+    # After the first content only events that carry usage are read: "[1," is not one.
+    assert got.usage() == Usage(None, None, None, None, None, bad=1)
+    late = b'data: {"usage": [1,\n\n'
+    got = read("chat", True, [b"data: {not json\n\n", delta({"content": "x"}), late])
     assert got.usage() == Usage(None, None, None, None, None, bad=2)
     assert read("chat", False, [b"<html>502</html>"]).usage().bad == 1
 

@@ -262,7 +262,8 @@ class AnswerReader:
         if self._after > TAIL:
             self._read_trailing(events.pop(0))
         for event in events:
-            self._read(_fields(event)[1])
+            if b'"usage"' in event or b'"timings"' in event:  # the others carry none
+                self._read(_fields(event)[1])
 
     def _read(self, data: bytes | bytearray) -> _Top | None:
         """An event's data, or a body: its usage and timings tallied."""
