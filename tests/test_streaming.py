@@ -207,3 +207,25 @@ def test_stop_of_nothing_a_fired_or_a_cancelled_call_does_nothing() -> None:
     stop(cancelled)
     clock.advance(5)
     assert fired == [1]
+
+
+def test_each_chunk_goes_to_the_tap_s_feed_of_the_moment(b: Body) -> None:
+    """A reader changes its ``feed`` as the stream goes on (every event read until the
+    first content, then only the tail kept): each chunk must reach the current one."""
+    seen: list[tuple[str, bytes]] = []
+
+    class Reader:
+        def __init__(self) -> None:
+            self.feed = self.first
+
+        def first(self, data: bytes) -> None:
+            seen.append(("first", data))
+            self.feed = self.later
+
+        def later(self, data: bytes) -> None:
+            seen.append(("later", data))
+
+    b.body.tap = Reader()
+    for data in (b"a", b"b", b"c"):
+        b.body.dataReceived(data)
+    assert seen == [("first", b"a"), ("later", b"b"), ("later", b"c")]

@@ -239,7 +239,7 @@ class Exchange:
                        for n, v in response.headers)  # fmt: skip
         if self._asked.api in APIS:  # what the answer says of its work, where it says it
             self.reader = reader = AnswerReader(self._asked.api, streamed, proxy.clock.seconds)
-            body.tap = reader.feed
+            body.tap = reader
         response.deliverBody(body)
         # deliverBody may have finished the whole exchange already (a body that was
         # complete); registering a producer then would raise, and no idle timer is needed.

@@ -4,6 +4,7 @@ with the client's socket pausing the upstream's (backpressure)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from twisted.internet import protocol
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
@@ -14,6 +15,22 @@ from zope.interface import implementer
 
 from crossbar.server.timers import stop
 from crossbar.upstream import stop_producing
+
+
+class Tap(Protocol):
+    """A reader of the chunks relayed (:class:`crossbar.server.usage.AnswerReader`)."""
+
+    @property
+    def feed(self) -> Callable[[bytes], None]: ...
+
+
+class _NoTap:
+    @staticmethod
+    def feed(data: bytes) -> None:
+        pass
+
+
+_NO_TAP: Tap = _NoTap()
 
 
 @implementer(IPushProducer)
@@ -47,14 +64,15 @@ class StreamBody(protocol.Protocol):
         self._timer: IDelayedCall | None = None
         self._stall: IDelayedCall | None = None
 
-    tap: Callable[[bytes], None] = staticmethod(lambda data: None)  # type: ignore[assignment]
-    """Sees every chunk as it is relayed (what the answer says of its work)."""
+    tap: Tap = _NO_TAP
+    """Sees every chunk as it is relayed (what the answer says of its work); its ``feed``
+    is looked up for each chunk, since a reader changes it as the stream goes on."""
 
     def dataReceived(self, data: bytes) -> None:
         if self._timer is not None:
             self._timer.reset(self._idle_timeout)
         self.sent += len(data)
-        self.tap(data)
+        self.tap.feed(data)
         self._request.write(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
