@@ -172,8 +172,20 @@ def check_every_request(
         why = f"{exchange.request!r} -> {exchange.status!r}: {exchange.body[:500]!r}\n{report}"
         assert exchange.status.split()[1] == b"200", why
         assert last_event(exchange.body) == end, why
-    logged = re.findall(rf"lab gpu POST {re.escape(path)} (\d+) ", proxy.output())
-    assert logged == ["200"] * len(exchanges), f"{logged}\n{proxy.log()}"
+    pattern = rf"lab gpu POST {re.escape(path)} (\d+) "
+
+    def logged() -> list[str]:
+        return re.findall(pattern, proxy.output())
+
+    # A request's line is written within 0.1 s of its end (a batch at a time), and the
+    # agent may exit sooner than that after its last answer.
+    proxy.wait(lambda: len(logged()) >= len(exchanges), 5.0)
+    # An agent may close its connection as soon as it has read the last event, before
+    # llama-server's end of the chunked answer reaches crossbar, which then logs the whole
+    # answer as the client's leaving (499). Anything else is a failure.
+    statuses = logged()
+    assert len(statuses) == len(exchanges), f"{statuses}\n{proxy.log()}"
+    assert set(statuses) <= {"200", "499"}, f"{statuses}\n{proxy.log()}"
     return exchanges
 
 
