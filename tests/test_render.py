@@ -15,7 +15,8 @@ from crossbar.config import DEMO_SOURCE, Config, HostConfig, RouteConfig
 from crossbar.fleet import Ask, HealthTable, HostRecent, HostState, Policies, RouteAffinity
 from crossbar.pages import render
 from crossbar.pages.peers import WorkerInfo
-from crossbar.pages.render import About, StatusPage, duration, short_seconds
+from crossbar.pages.render import About, StatusPage
+from crossbar.pages.times import duration, short_seconds
 
 T0 = 1_700_000_000.0
 T0_RFC3339 = "2023-11-14T22:13:20.000Z"

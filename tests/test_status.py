@@ -28,7 +28,7 @@ from crossbar.fleet.queue import FairQueue
 from crossbar.pages.app import StatusApp, base_url
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo
-from crossbar.pages.render import ago
+from crossbar.pages.times import ago
 from crossbar.service import Crossbar
 from crossbar.testing import Rig, SimulatedHost
 from tests.support import all_polled, rigs

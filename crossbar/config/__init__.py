@@ -1,7 +1,7 @@
 """crossbar.yaml: the checked configuration, and the loader that checks it."""
 
 from crossbar.config.fields import LISTEN_BACKLOG, parse_duration, parse_listen, tcp_address
-from crossbar.config.load import ConfigError, load_config, parse_config
+from crossbar.config.load import ConfigError, parse_config
 from crossbar.config.model import (
     DEMO_SOURCE,
     POLICIES,
@@ -17,6 +17,7 @@ from crossbar.config.model import (
 )
 from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, mask_url, matches
 from crossbar.config.show import effective, to_yaml
+from crossbar.config.yamlfile import load_config
 
 __all__ = [
     "DEMO_SOURCE",

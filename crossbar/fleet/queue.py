@@ -8,14 +8,11 @@ Service lately is, first, the flow's requests in flight now (one keeping 16 goin
 after one with none, whatever their pasts), then its slot-seconds decayed with a
 half-life, so what it used an hour ago is forgiven.
 
-Decayed sums are kept as ``v = sum(seconds * 2**((t - t0) / H))``: all flows decay by
-one factor, so comparing ``v`` compares decayed service, exactly, with nothing to
-recompute as time passes; ``t0`` moves on before the exponent grows large (no overflow
-in days). Each pool has a heap of its flows; an entry whose flow's key changed is skipped
-(the flow holds its live one), and a heap is rebuilt once stale entries outnumber live
-ones. Flows with nothing waiting or in flight are forgotten once their service has
-decayed to nothing, or sooner past ``max_flows``, least recently active first.
-Pure: no I/O, every call is given the time.
+Decayed sums are ``v = sum(seconds * 2**((t - t0) / H))``: all flows decay by one factor,
+so comparing ``v`` compares decayed service exactly; ``t0`` moves on before the exponent
+grows large. Each pool has a heap of its flows; stale entries are skipped, and a heap is
+rebuilt once they outnumber live ones. Idle flows are forgotten once their service has
+decayed to nothing, or sooner past ``max_flows``. Pure: every call is given the time.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ from crossbar.fleet.policies import Ask, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
-from crossbar.pages.render import About, StatusPage, model_on, rfc3339
+from crossbar.pages.render import About, StatusPage, model_on
+from crossbar.pages.times import rfc3339
 from crossbar.pages.waiting import waiting_by_route
 
 

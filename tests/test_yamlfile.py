@@ -1,0 +1,30 @@
+"""crossbar.config.yamlfile: crossbar.yaml read from its file; every failure one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crossbar.config import ConfigError, load_config
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("hosts:\n  a: http://h:1\n  a: http://h:2\nroutes: {}\n", "hosts.a: duplicate key"),
+        ("hosts: {}\nroutes: [oops", "YAML syntax error"),
+        ("hosts: 2024-13-01\n", "YAML value that cannot be read"),
+    ],
+)
+def test_a_file_that_cannot_be_read_is_one_line(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "crossbar.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert said in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nowhere.yaml")
