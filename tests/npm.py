@@ -34,9 +34,11 @@ def npm_cache_root() -> Path:
 
 
 def npm_unavailable(what: str, reason: str) -> NoReturn:
-    """Skip (or fail, with ``REQUIRE_NPM_ENV`` set) because npm could not install ``what``."""
-    if os.environ.get(REQUIRE_NPM_ENV):
-        pytest.fail(f"{reason} ({REQUIRE_NPM_ENV} is set, so this is an error)", pytrace=False)
+    """Skip because npm could not install ``what``; fail instead in CI (``CI`` set) or with
+    ``REQUIRE_NPM_ENV`` set, where the agents must run."""
+    for name in (REQUIRE_NPM_ENV, "CI"):
+        if os.environ.get(name):
+            pytest.fail(f"{reason} ({name} is set, so this is an error)", pytrace=False)
     pytest.skip(f"{what} could not be installed from npm: {reason}")
 
 
