@@ -881,7 +881,7 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     hosts = {row["Host"].split()[0]: row for row in page.tables["hosts"]}
     assert set(hosts) == {"gpu-a", "gpu-b"}
     assert hosts["gpu-a"]["State"] == "\u25cf up"
-    assert hosts["gpu-a"]["Loaded"] == "m1"
+    assert hosts["gpu-a"]["Loaded"] == "m1 (4 slots)"
     assert hosts["gpu-a"]["Requests, 5 min"] == "3"
     assert hosts["gpu-b"]["State"] == "\u25bc down"
     assert hosts["gpu-b"]["Last error"] == f"health: {SCRIPT}"
