@@ -17,12 +17,14 @@ from typing import Any
 from treq.client import HTTPClient
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorProcess
 from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 
 from crossbar.config import Config, HostConfig, Secret
 from crossbar.config.changes import Changes, moved
 from crossbar.fleet import HealthTable, HostState, Traffic
+from crossbar.fleet.listreader import ListReader
 from crossbar.fleet.policies import places_conversations
 from crossbar.fleet.poller import Poller
 from crossbar.fleet.recent import RecentTraffic
@@ -65,7 +67,11 @@ class Hosts:
         self._poll_pools: dict[str, HTTPConnectionPool] = {}
         """Each host's own pool for its polls, kept while its address and CA stay."""
         clients = self._poll_clients(config.hosts)
-        self.poller = Poller(self.table, clients, reactor, keys=_keys(config.hosts))
+        # A long model list is read in a child process, where the reactor can start one.
+        read = (
+            ListReader(reactor, self._reactor).read if IReactorProcess.providedBy(reactor) else None
+        )
+        self.poller = Poller(self.table, clients, reactor, keys=_keys(config.hosts), read=read)
         connect_timeouts = {name: s.connect_timeout for name, s in settings.items()}
         self.upstreams = Upstreams(
             reactor,

@@ -17,7 +17,7 @@ than a poll should take on the reactor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from hashlib import blake2b
 from typing import Any, Protocol
 
@@ -35,6 +35,7 @@ from twisted.web.iweb import IResponse
 from crossbar.config.secrets import Secret
 from crossbar.fleet.capacity import MAX_PROPS_BODY, SlotAsks, props_path, total_slots
 from crossbar.fleet.listing import ModelList, read_models
+from crossbar.fleet.listreader import ListUnread
 from crossbar.fleet.state import HealthTable
 from crossbar.upstream.failures import describe, is_cancellation, stop_producing
 
@@ -126,6 +127,10 @@ def _size(limit: int) -> str:
     return f"{mib} MiB" if mib and not rest else f"{limit} bytes"
 
 
+async def _read_here(body: bytes) -> ModelList:
+    return read_models(body)
+
+
 def discard(response: IResponse) -> None:
     """Close the connection of an answer whose body nobody wants."""
     watched = _Watched(response)
@@ -170,11 +175,14 @@ class Poller(Service):
         client: _HTTPGetter | Mapping[str, _HTTPGetter],
         clock: IReactorTime,
         keys: Mapping[str, Secret] | None = None,
+        read: Callable[[bytes], Awaitable[ModelList]] | None = None,
     ) -> None:
         self.table = table
         self._client = client
         self._clock = clock
         self._headers = _authorization(keys)
+        self._read = read or _read_here
+        """Reads a model list answer (a :class:`ListReader`'s, to read long ones aside)."""
         self._lists: dict[str, _Read] = {}
         """What each host's last model list read gave, by the digest of its answer."""
         self._asks: dict[str, SlotAsks] = {}
@@ -270,7 +278,7 @@ class Poller(Service):
             await self._get(name, state.url + settings.health_path, "health", timeout)
             digest = blake2b(digest_size=16)
             body = await self._get(name, state.url + "/v1/models", "models", timeout, digest)
-            models = self._models(name, body, digest.digest())
+            models = await self._models(name, body, digest.digest())
         except CancelledError:
             if self._stopping or name not in self._loops:  # stopping, or forgotten
                 return
@@ -312,7 +320,7 @@ class Poller(Service):
             slots = total_slots(body)
         self.table.record_slots(name, model, slots)
 
-    def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
+    async def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
         """The host's list: what the last one read gave when the answer is the same to
         the byte, or when it is long and was read less than :data:`REREAD_SECONDS` ago."""
         now = self._clock.seconds()
@@ -321,9 +329,12 @@ class Poller(Service):
             last.digest != digest and (len(body) <= REREAD_BYTES or now - last.at >= REREAD_SECONDS)
         ):
             try:
-                last = _Read(digest, now, read_models(body))
+                last = _Read(digest, now, await self._read(body))
             except ValueError as e:
                 last = _Read(digest, now, None, f"models: bad answer: {e}")
+            except ListUnread as e:
+                size = f"{len(body) / 1048576:.1f} MiB"
+                last = _Read(digest, now, None, f"models: a list of {size} could not be read: {e}")
             self._lists[name] = last
         if last.models is None:
             raise PollError(last.error)
