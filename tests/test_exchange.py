@@ -174,6 +174,21 @@ def test_a_client_that_leaves_mid_stream_stops_the_host(proxy: MemoryProxy) -> N
     assert len(proxy.records) == 1
 
 
+def test_a_client_that_leaves_once_it_has_the_last_event_had_its_whole_answer(
+    proxy: MemoryProxy,
+) -> None:
+    """Codex closes as soon as it has read ``[DONE]``, before the host's chunked body
+    ends: that answer was whole, logged 200, not 499 "client left"."""
+    client, host = answered(proxy)
+    content = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    host.send(chunk(content) + chunk(b"data: [DONE]\n\n"))
+    client.leave()
+    proxy.clock.advance(0)
+    assert host.closed
+    [record] = proxy.records
+    assert (record.status, record.client_left, record.notes()) == (200, False, [])
+
+
 # -- the host failing ---------------------------------------------------------------------
 
 

@@ -405,3 +405,36 @@ def test_cost_per_chunk_after_the_first_content() -> None:
         f"(a do-nothing feed: {best_nothing * 1e9:.0f} ns)"
     )
     assert best_reader < 20e-6
+
+
+STREAMS = [
+    ("chat", chat_stream()),
+    ("chat", chat_stream(include_usage=True)),
+    ("completion", COMPLETION_STREAM),
+    ("anthropic", ANTHROPIC_STREAM),
+    ("responses", responses_stream()),
+    ("responses", responses_stream("x" * (3 * TAIL))),  # its last event longer than the tail
+]
+
+
+@pytest.mark.parametrize(("api", "body"), STREAMS)
+def test_a_stream_is_whole_once_its_last_event_is_relayed_and_not_before(
+    api: str, body: bytes
+) -> None:
+    """A client that leaves once it has the last event (Codex closes at once) had its
+    whole answer; one that leaves a byte before did not."""
+    assert read(api, True, [body]).whole()
+    assert read(api, True, [body.replace(b"\n", b"\r\n")]).whole()
+    assert not read(api, True, [body[:-1]]).whole()
+    events = body.split(b"\n\n")
+    assert not read(api, True, [b"\n\n".join(events[:-2]) + b"\n\n"]).whole()
+    assert read(api, True, [body[i : i + 7] for i in range(0, len(body), 7)]).whole()
+
+
+def test_a_stream_with_no_content_is_whole_at_its_last_event() -> None:
+    assert read("chat", True, [delta({"role": "assistant"}), b"data: [DONE]\n\n"]).whole()
+    assert not read("chat", True, [delta({"role": "assistant"})]).whole()
+
+
+def test_an_answer_not_streamed_is_never_whole_by_its_events() -> None:
+    assert not read("chat", False, [json.dumps(CHAT_BODY).encode()]).whole()

@@ -41,7 +41,8 @@ class Ended(Protocol):
 def record_of(ended: Ended, now: float) -> RequestRecord:
     """The record of ``ended`` at ``now``."""
     placed, reader = ended.placement, ended.reader
-    left = ended.phase is Phase.CLIENT_LEFT
+    # A client that leaves once the stream's last event reached it (as Codex does) had it all.
+    left = ended.phase is Phase.CLIENT_LEFT and not (reader is not None and reader.whole())
     usage = None if reader is None else reader.usage()
     first = None if reader is None or reader.first_content is None else reader.first_content
     flow, route = ended.flow, ended.route

@@ -102,6 +102,11 @@ _TRAILING = {
     key: re.compile(rb'"' + key + rb'"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
     for key in (b"usage", b"timings")
 }
+_ENDS = {
+    "anthropic": frozenset({b"message_stop"}),
+    "responses": frozenset({b"response.completed", b"response.incomplete", b"response.failed"}),
+}
+"""The names of the event that ends a stream, by API (none: it is ``data: [DONE]``)."""
 _WINDOW = 4096  # how far past its key an object read from an event's end may reach
 _CONTENT = ("content", "reasoning_content", "tool_calls")
 """A chat delta with any of these, not empty, is content (a role alone is not)."""
@@ -122,8 +127,7 @@ class AnswerReader:
     def __init__(self, api: str, streamed: bool, now: Callable[[], float] | None = None) -> None:
         self.first_content: float | None = None
         """When the first content event came: the time to first token, not to the head."""
-        self.last_content: float | None = None
-        """When the last chunk with a content event came."""
+        self.last_content: float | None = None  # when the last chunk with content came
         self.first_content_event: int | None = None
         """Which event of the stream (from 0, pings counted) was the first content."""
         self._api = api
@@ -138,6 +142,10 @@ class AnswerReader:
         self._too_long = False
         self._marker = _MARKERS.get(api, b"")
         self._done: Usage | None = None
+        self._streamed_end = _ENDS.get(api, frozenset()) if streamed else None
+        self._ended = False  # the event that ends the stream was seen
+        self._big_end = b"event: response.completed" if api == "responses" and streamed else b""
+        self._carry = b""  # the end of the last chunk, for a name cut between two
         if api not in APIS:
             self.feed = _ignore
         elif streamed:
@@ -152,6 +160,24 @@ class AnswerReader:
             self._finish()
             self._done = self._sum()
         return self._done
+
+    def whole(self) -> bool:
+        """Whether the stream relayed so far ends with its API's last event (chat's and
+        completions' ``[DONE]``, Anthropic's ``message_stop``, Responses' ``completed``,
+        ``incomplete`` or ``failed``): a client that leaves then had its whole answer.
+        Read from the tail; only a Responses stream is searched a chunk for its last
+        event's name, as that event repeats the answer and may outgrow the tail."""
+        ends = self._streamed_end
+        if ends is None or self._pending.strip(b"\r\n"):
+            return False  # not streamed, or an event under way
+        if not self._tail:
+            return self._ended
+        tail = bytes(self._tail).replace(b"\r", b"")
+        if not tail.endswith(b"\n\n"):
+            return False
+        if not ends:
+            return tail.rstrip(b"\n").rpartition(b"\n")[2].replace(b" ", b"") == b"data:[DONE]"
+        return self._ended or any(b"event: " + name + b"\n" in tail for name in ends)
 
     # Before the first content: every event is read.
 
@@ -201,6 +227,8 @@ class AnswerReader:
         if not event.strip():
             return
         name, data = _fields(event)
+        if self._streamed_end is not None:
+            self._ended = name in self._streamed_end or data.strip() == b"[DONE]"
         number = self._events
         self._events += 1
         top = self._read(data)
@@ -232,10 +260,20 @@ class AnswerReader:
     def _keep_tail(self, data: bytes) -> None:
         if self._marker in data:
             self.last_content = self._now()
+        if self._big_end:
+            self._seek_end(data)
         self._after += len(data)
         self._tail += data if len(data) <= TAIL else data[-TAIL:]
         if len(self._tail) > 2 * TAIL:  # moved once every TAIL bytes or more
             del self._tail[:-TAIL]
+
+    def _seek_end(self, data: bytes) -> None:
+        """A Responses stream's last event's name, found across chunk boundaries too."""
+        end = self._big_end
+        span = self._carry + data[: len(end) - 1]
+        if end in data or end in span:
+            self._ended = True
+        self._carry = (self._carry + data[1 - len(end) :])[1 - len(end) :]
 
     def _keep_body(self, data: bytes) -> None:
         if len(self._body) + len(data) > MAX_BODY:
