@@ -13,7 +13,9 @@ sends every request on at once, as before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterable
+from hashlib import blake2b
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -178,7 +180,7 @@ def flow_of(route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: st
     return Flow(client, BANDS["normal"])
 
 
+@functools.lru_cache(maxsize=256)
 def _fingerprint(value: bytes) -> str:
-    from hashlib import blake2b
-
+    """Remembered: called with configured keys' values only, a few, on every request."""
     return blake2b(value, digest_size=4, person=b"crossbar-flow").hexdigest()
