@@ -36,6 +36,15 @@ from tests.support import all_polled, rigs
 T0 = 1_700_000_000.0
 T0_RFC3339 = "2023-11-14T22:13:20.000Z"
 SCRIPT = "<script>document.title='owned'</script>"
+NO_TOKENS = {
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "cache_hit_rate": None,
+    "generated_tokens": 0,
+    "tokens_per_second": None,
+    "first_token_p50_seconds": None,
+}
+"""A host's token figures in ``recent`` when no answer reported any."""
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -44,13 +53,16 @@ SCRIPT = "<script>document.title='owned'</script>"
 class PageRows(HTMLParser):
     """The status page as data: for each table id, one ``{column label: cell text}`` per row;
     each ``<meta>`` with a ``name`` or ``http-equiv``, as ``{that: content}``; the text of
-    each other element that has an id (a paragraph), as ``{id: text}``."""
+    each other element that has an id (a paragraph), as ``{id: text}``; each chart's
+    ``<title>`` (an SVG's, not the page's), in order, in ``charts``."""
 
     def __init__(self, page: str) -> None:
         super().__init__()
         self.tables: dict[str, list[dict[str, str]]] = {}
         self.metas: dict[str, str | None] = {}
         self.title = ""
+        self.charts: list[str] = []
+        self._in_svg = 0
         self.texts: dict[str, str] = {}
         self._said: tuple[str, str, list[str]] | None = None  # (id, tag, text) being read
         self._table: str | None = None
@@ -74,8 +86,12 @@ class PageRows(HTMLParser):
             self._label, self._text = dict(attrs).get("data-label") or "", []
         elif tag == "br":
             self._text.append(" ")
+        elif tag == "svg":
+            self._in_svg += 1
         elif tag == "title":
             self._in_title = True
+            if self._in_svg:
+                self.charts.append("")
         elif tag == "meta":
             found = dict(attrs)
             key = found.get("name") or found.get("http-equiv")
@@ -98,13 +114,17 @@ class PageRows(HTMLParser):
             self._table = None
         elif tag == "title":
             self._in_title = False
+        elif tag == "svg":
+            self._in_svg -= 1
 
     def handle_data(self, data: str) -> None:
         if self._said is not None:
             self._said[2].append(data)
         if self._label is not None:
             self._text.append(data)
-        if self._in_title:
+        if self._in_title and self._in_svg:
+            self.charts[-1] += data
+        elif self._in_title:
             self.title += data
 
 
@@ -215,6 +235,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                     "requests": 0,
                     "errors": 0,
                     "ttfb_p50_seconds": None,
+                    **NO_TOKENS,
                 },
             },
             "gpu-b": {
@@ -233,6 +254,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                     "requests": 0,
                     "errors": 0,
                     "ttfb_p50_seconds": None,
+                    **NO_TOKENS,
                 },
             },
             "gpu-c": {
@@ -251,6 +273,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                     "requests": 0,
                     "errors": 0,
                     "ttfb_p50_seconds": None,
+                    **NO_TOKENS,
                 },
             },
         },
@@ -558,6 +581,7 @@ async def test_each_host_shows_its_last_five_minutes(desk: Desk) -> None:
         "requests": 4,
         "errors": 1,
         "ttfb_p50_seconds": 0.25,
+        **NO_TOKENS,
     }
     assert doc["hosts"]["gpu-b"]["recent"]["ttfb_p50_seconds"] == 0.002
     hosts = PageRows((await desk.get("/"))[1].decode()).tables["hosts"]
@@ -574,6 +598,7 @@ async def test_each_host_shows_its_last_five_minutes(desk: Desk) -> None:
         "requests": 0,
         "errors": 0,
         "ttfb_p50_seconds": None,
+        **NO_TOKENS,
     }
 
 
