@@ -893,8 +893,8 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     from twisted.internet.threads import deferToThread
 
     chat = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
-    for _ in range(3):
-        response, _ = await fleet.rig.post("/lab/v1/chat/completions", chat)
+    for streamed in (False, False, True):  # a streamed answer has a first content event
+        response, _ = await fleet.rig.post("/lab/v1/chat/completions", {**chat, "stream": streamed})
         assert response.code == 200
     # Error text is untrusted: in a real browser it must stay text and never run.
     fleet.crossbar.table.record_failure("gpu-b", f"health: {SCRIPT}")
@@ -915,6 +915,20 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
         f"lab {fleet.rig.base}/lab/v1": "gpu-a (m1 loaded)",
         f"spare {fleet.rig.base}/spare/v1": "no healthy host",
     }
+    # The tokens the simulated answers reported, and the last hour drawn in inline SVG that
+    # the browser parsed as SVG: each chart's title, in words, in the DOM it built.
+    usage = {row["Host"]: row for row in page.tables["usage"]}
+    assert set(usage) == {"gpu-a", "gpu-b"}
+    assert int(usage["gpu-a"]["Prompt tokens, 5 min"].replace(",", "")) > 0
+    assert usage["gpu-a"]["First token p50, 5 min"].endswith(("ms", " s"))
+    assert usage["gpu-b"]["Prompt tokens, 5 min"] == "0"
+    assert len(page.charts) == 2 * 4
+    assert page.charts[0].startswith(
+        "gpu-a, last 60 min, requests a minute: requests 3 in all, highest 3 in the minute"
+    )
+    assert page.charts[3].startswith("gpu-a, last 60 min, median time to first token: first")
+    assert page.charts[4] == "gpu-b, last 60 min, requests a minute: requests none; errors none"
+    assert dom.count("<svg") == 2 * 4 + 2 * 6  # the charts and their legends' line samples
 
     png = tmp_path / "status.png"
     await deferToThread(screenshot, url, tmp_path / "profile", png)

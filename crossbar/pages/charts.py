@@ -1,5 +1,5 @@
 """Small line charts drawn on the server as inline SVG: no script, no framework, nothing
-fetched. Each is a fixed 260 x 96 box whatever the values, so a page of many hosts stays
+fetched. Each is a fixed 220 x 92 box whatever the values, so a page of many hosts stays
 small and quick to draw.
 
 Readable without colour: each series has its own line pattern (solid, dashed, dotted),
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 import attrs
 from twisted.web.template import Flattenable, Tag, tags
 
-WIDTH, HEIGHT = 260, 96
-_LEFT, _RIGHT, _TOP, _BOTTOM = 46.0, 254.0, 8.0, 74.0
+WIDTH, HEIGHT = 220, 92
+_LEFT, _RIGHT, _TOP, _BOTTOM = 44.0, 214.0, 8.0, 72.0
 """The plot area inside the box; the axis labels sit outside it."""
 PATTERNS = ("", "5 3", "1.5 2.5")
 """Each series' ``stroke-dasharray``, in order: solid, dashed, dotted."""
@@ -26,7 +26,7 @@ _INKS = ("#222", "#555", "#333")
 
 CHART_STYLE = """
 .hour{display:flex;flex-wrap:wrap;gap:.4rem 1.2rem;margin:.2rem 0 1rem}
-.hour figure{margin:0}
+.hour figure{margin:0;width:220px;max-width:100%}
 .hour figcaption{font-size:.85rem;color:#444}
 .hour svg.chart{display:block;max-width:100%;height:auto}
 .hour svg text{font-size:10px;fill:#555}

@@ -103,12 +103,12 @@ def host_charts(name: str, hour: HostHour) -> Tag:
          [Series("prompt", hour.prompt_tokens), Series("cached", hour.cached_tokens)]),
         ("Generated tokens a minute", "generated tokens a minute", True, count,
          [Series("generated", hour.generated_tokens)]),
-        ("Time to first token, median of each minute", "median time to first token", False,
+        ("First token, median a minute", "median time to first token", False,
          short_seconds, [Series("first token", hour.first_token_p50)]),
     ]  # fmt: skip
     figures = [
         tags.figure(
-            tags.figcaption(caption, ":", *legend(series)),
+            tags.figcaption(tags.b(caption), tags.br(), *legend(series)),
             line_chart(f"{name}, last {MINUTES} min, {what}", series, shown, totals=totals),
         )
         for caption, what, totals, shown, series in charts
