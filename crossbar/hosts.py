@@ -1,6 +1,6 @@
 """The hosts' machinery as one unit: the health table, its poller, the traffic counters,
-the connection pools and the recent and hourly windows, built from a config and changed in place
-by a reload.
+the connection pools and the recent and hourly windows, built from a config and changed
+in place by a reload.
 
 A reload changes them together, so that they always name the same hosts: a host that
 stays keeps its state, counters and idle connections; a new one starts ``unknown`` and

@@ -106,7 +106,8 @@ def legend(series: Sequence[Series]) -> list[Tag | str]:
 
 
 def _said(line: Series, shown: Callable[[float], str], totals: bool) -> str:
-    """One series in words: its sum (for counts), its highest minute and when, its last."""
+    """One series in words: its sum (counts), or in how many minutes and its lowest
+    (medians); then its highest minute and when."""
     known = [(i, v) for i, v in enumerate(line.values) if v is not None]
     if not any(v for _, v in known):
         return f"{line.name} none"
