@@ -8,7 +8,7 @@ import time
 from xml.etree import ElementTree
 
 from twisted.internet.task import Clock
-from twisted.web.template import flattenString
+from twisted.web.template import Flattenable, flattenString
 
 from crossbar.config import Config, HostConfig, RouteConfig
 from crossbar.fleet import (
@@ -27,9 +27,9 @@ T0 = 1_700_000_040.0
 EVIL = "<script>alert(1)</script>"
 
 
-def flat(thing: object) -> str:
+def flat(thing: Flattenable) -> str:
     done: list[object] = []
-    flattenString(None, thing).addBoth(done.append)  # type: ignore[arg-type]
+    flattenString(None, thing).addBoth(done.append)
     assert isinstance(done[0], bytes), done
     return done[0].decode()
 

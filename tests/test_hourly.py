@@ -196,11 +196,11 @@ def test_memory_stays_fixed_whatever_the_traffic() -> None:
     def feed(count: int) -> None:
         for _ in range(count):
             clock.ms += 20
-            hourly.request_done(outcomes[clock.ms % 100])
+            window.request_done(outcomes[clock.ms % 100])
 
     tracemalloc.start()
     try:
-        hourly = HourlyTraffic(["gpu-a"], clock)
+        window = HourlyTraffic(["gpu-a"], clock)
         feed(180_000)  # an hour: every minute of the ring written
         full = tracemalloc.get_traced_memory()[0]
         feed(20_000)
@@ -209,7 +209,7 @@ def test_memory_stays_fixed_whatever_the_traffic() -> None:
         tracemalloc.stop()
     assert full < 40_000, f"{full} bytes for one busy host"
     assert grown < 5_000, f"{grown} bytes more after 20,000 requests"
-    hour = hourly.host("gpu-a")
+    hour = window.host("gpu-a")
     assert hour.requests[-1] == 2001  # the minute under way: 40 s at 50 a second, both ends
     assert hour.requests[:-1] == (3000,) * 59
 

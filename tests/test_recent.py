@@ -333,11 +333,11 @@ def test_memory_stays_bounded_with_tokens_too() -> None:
     def feed(count: int) -> None:
         for _ in range(count):
             clock.ms += 1
-            recent.request_done(outcomes[clock.ms % 100])
+            window.request_done(outcomes[clock.ms % 100])
 
     tracemalloc.start()
     try:
-        recent = RecentTraffic(["gpu-a"], clock)
+        window = RecentTraffic(["gpu-a"], clock)
         feed(310_000)
         full = tracemalloc.get_traced_memory()[0]
         feed(300_000)
@@ -346,4 +346,4 @@ def test_memory_stays_bounded_with_tokens_too() -> None:
         tracemalloc.stop()
     assert full < 400_000, f"{full} bytes for one busy host"
     assert grown < 10_000, f"{grown} bytes more after 300,000 requests"
-    assert recent.host("gpu-a").requests == 290_001
+    assert window.host("gpu-a").requests == 290_001
