@@ -1,6 +1,6 @@
 """The hosts' machinery as one unit: the health table, its poller, the traffic counters,
-the connection pools and the recent window, built from a config and changed in place
-by a reload.
+the connection pools and the recent and hourly windows, built from a config and changed
+in place by a reload.
 
 A reload changes them together, so that they always name the same hosts: a host that
 stays keeps its state, counters and idle connections; a new one starts ``unknown`` and
@@ -24,6 +24,7 @@ from twisted.web.client import HTTPConnectionPool
 from crossbar.config import Config, HostConfig, Secret
 from crossbar.config.changes import Changes, moved
 from crossbar.fleet import HealthTable, HostState, Traffic
+from crossbar.fleet.hourly import HourlyTraffic
 from crossbar.fleet.listreader import ListReader
 from crossbar.fleet.policies import places_conversations
 from crossbar.fleet.poller import Poller
@@ -81,6 +82,7 @@ class Hosts:
             tls_cas=_cas(config.hosts),
         )
         self.recent = RecentTraffic(config.hosts, reactor, _affine(config))
+        self.hourly = HourlyTraffic(config.hosts, reactor)
         self.closer = _ClosePools([self._pool], self._poll_pools, self.upstreams)
 
     def _slots_learned(self) -> None:
@@ -115,6 +117,7 @@ class Hosts:
         restart = (*fresh, *changes.hosts_retuned)
         self.poller.set_hosts(self._poll_clients(hosts), _keys(hosts), restart=restart)
         self.recent.set_hosts(config.hosts, _affine(config))
+        self.hourly.set_hosts(config.hosts)
         return leaving
 
     def _gone(self, name: str) -> None:

@@ -3,8 +3,8 @@ one place, into one Twisted service.
 
 Data flows one way: the config names the hosts, the poller fills the health table, the
 proxy reads the table to choose a host and hands each request's record to its observers
-(metrics, the recent window, the access log), and the status pages read all of it. The
-one thing the pages change is the config: ``POST /_crossbar/reload`` calls
+(metrics, the recent and hourly windows, the access log), and the status pages read all
+of it. The one thing the pages change is the config: ``POST /_crossbar/reload`` calls
 :meth:`Crossbar.reload_everywhere`.
 """
 
@@ -63,10 +63,12 @@ class Crossbar(MultiService):
         """With workers, worker 0 asks the others to reload through this."""
         self.hosts = hosts = Hosts(config, reactor)
         self.table, self.traffic, self.poller = hosts.table, hosts.traffic, hosts.poller
-        self.recent = hosts.recent
+        self.recent, self.hourly = hosts.recent, hosts.hourly
         self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
-        self._observer = Observers(self.metrics, self.recent, AccessLog(self.table.knows))
+        self._observer = Observers(
+            self.metrics, self.recent, self.hourly, AccessLog(self.table.knows)
+        )
         self.waits = Waits(self.traffic, self.table, reactor)
         self.proxy = ProxyResource(self._context(config))
         self.status = self._status_app(config, reactor, worker)
@@ -95,6 +97,7 @@ class Crossbar(MultiService):
             reactor,
             gather_metrics=gather,
             recent=self.recent,
+            hourly=self.hourly,
             worker=worker,
             reloads=self.reloads,
             reload=self.reload_everywhere,

@@ -71,4 +71,5 @@ async def test_apply_keeps_every_part_naming_the_same_hosts(make: RigMaker) -> N
     assert hosts.table.names == ["gpu-b"]
     assert list(hosts.traffic.in_flight) == ["gpu-b"]
     assert list(hosts.recent.hosts()) == ["gpu-b"]
+    assert list(hosts.hourly.hosts()) == ["gpu-b"]  # the removed host's hour is freed
     await eventually(lambda: rig.state("gpu-b").healthy, 2, "gpu-b still up")

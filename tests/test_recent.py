@@ -244,3 +244,106 @@ def test_a_reload_keeps_the_turns_of_affinity_routes_that_stay(clock: Clock) -> 
     recent.request_done(turn("fresh", "moved"))
     assert recent.affinity("old").turns == 0
     assert (recent.affinity("fresh").turns, recent.affinity("fresh").moved) == (1, 1)
+
+
+# -- tokens, prompt cache and speed -----------------------------------------------------------
+
+
+def answered(
+    prompt: int | None = None,
+    cached: int | None = None,
+    generated: int | None = None,
+    speed: float | None = None,
+    first_token: float | None = None,
+    host: str = "gpu-a",
+) -> RequestRecord:
+    return RequestRecord(
+        "lab",
+        host,
+        200,
+        1.0,
+        0.01,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        generated_tokens=generated,
+        tokens_per_second=speed,
+        first_token=first_token,
+    )
+
+
+def test_tokens_the_cache_hit_rate_and_the_speed(recent: RecentTraffic) -> None:
+    recent.request_done(answered(1000, 900, 100, 50.0, 0.4))  # 2 s of generation
+    recent.request_done(answered(1000, 100, 300, 100.0, 2.0))  # 3 s
+    recent.request_done(answered(None, 500, None, None, None))  # cached without a prompt count
+    recent.request_done(answered(50, None, 0, 0.0, None))  # no cached count: none from cache
+    summary = recent.host("gpu-a")
+    assert (summary.prompt_tokens, summary.cached_tokens, summary.generated_tokens) == (
+        2050,
+        1000,
+        400,
+    )
+    assert summary.cache_hit_rate == pytest.approx(1000 / 2050)
+    # 400 tokens over 5 s of generation, not the mean of 50 and 100 tok/s
+    assert summary.tokens_per_second == pytest.approx(80.0)
+    assert summary.first_token_p50 == 0.4  # the lower of two middles
+    assert summary.ttfb_p50 == 0.01  # the head's time stays apart
+    assert recent.host("gpu-b") == HostRecent()
+
+
+def test_without_tokens_there_is_no_rate_no_speed_no_first_token(recent: RecentTraffic) -> None:
+    recent.request_done(answered())
+    recent.request_done(answered(generated=5, speed=None))  # a speed not reported
+    summary = recent.host("gpu-a")
+    assert summary.requests == 2 and summary.generated_tokens == 5
+    assert (summary.cache_hit_rate, summary.tokens_per_second, summary.first_token_p50) == (
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize("speed", [0.0, float("inf"), float("nan")])
+def test_a_speed_that_is_no_speed_is_left_out(recent: RecentTraffic, speed: float) -> None:
+    recent.request_done(answered(generated=10, speed=speed))
+    recent.request_done(answered(generated=20, speed=10.0))
+    assert recent.host("gpu-a").tokens_per_second == 10.0
+    assert recent.host("gpu-a").generated_tokens == 30
+
+
+def test_tokens_leave_the_window_with_their_bucket(clock: Clock, recent: RecentTraffic) -> None:
+    recent.request_done(answered(100, 100, 10, 10.0, 9.0))
+    clock.advance(200)
+    recent.request_done(answered(100, 0, 10, 20.0, 0.1))
+    assert recent.host("gpu-a").cache_hit_rate == 0.5
+    clock.advance(100)  # the first request's bucket is 5 min old
+    summary = recent.host("gpu-a")
+    assert (summary.prompt_tokens, summary.cache_hit_rate, summary.first_token_p50) == (
+        100,
+        0.0,
+        0.1,
+    )
+    assert summary.tokens_per_second == 20.0
+
+
+def test_memory_stays_bounded_with_tokens_too() -> None:
+    """Every request reports tokens and a first token: the window still does not grow."""
+    clock = Milliseconds(T0)
+    outcomes = [answered(1000 + i, i, 50, 40.0 + i % 7, i / 100) for i in range(100)]
+
+    def feed(count: int) -> None:
+        for _ in range(count):
+            clock.ms += 1
+            window.request_done(outcomes[clock.ms % 100])
+
+    tracemalloc.start()
+    try:
+        window = RecentTraffic(["gpu-a"], clock)
+        feed(310_000)
+        full = tracemalloc.get_traced_memory()[0]
+        feed(300_000)
+        grown = tracemalloc.get_traced_memory()[0] - full
+    finally:
+        tracemalloc.stop()
+    assert full < 400_000, f"{full} bytes for one busy host"
+    assert grown < 10_000, f"{grown} bytes more after 300,000 requests"
+    assert window.host("gpu-a").requests == 290_001

@@ -14,6 +14,7 @@ from twisted.web.template import flattenString
 from crossbar.config import DEMO_SOURCE, Config, HostConfig, RouteConfig
 from crossbar.fleet import Ask, HealthTable, HostRecent, HostState, Policies, RouteAffinity
 from crossbar.pages import render
+from crossbar.pages.charts import CHART_STYLE
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.render import About, StatusPage
 from crossbar.pages.times import duration, short_seconds
@@ -138,9 +139,9 @@ def test_a_value_in_an_attribute_is_escaped(clock: Clock, monkeypatch: pytest.Mo
 
 def test_the_css_is_written_as_it_is(clock: Clock) -> None:
     """Inside <style> a browser reads text raw, so the flattener must find nothing to escape."""
-    assert not set("<>&") & set(render._STYLE)
+    assert not set("<>&") & set(render._STYLE + CHART_STYLE)
     html = page(config({}), {}, clock.seconds())
-    assert f"<style>{render._STYLE}</style>" in html
+    assert f"<style>{render._STYLE}{CHART_STYLE}</style>" in html
 
 
 # -- what a person reads ------------------------------------------------------------------------
@@ -261,7 +262,8 @@ def test_rows_follow_the_table_and_the_config_in_order(clock: Clock) -> None:
         RouteConfig("a", ("gpu-b",), "m1"),
     )
     html = page(cfg, table(cfg, clock).snapshot(), clock.seconds(), {"gpu-a": 7})
-    hosts, routes = html.split('<table id="routes">')
+    hosts = html.split('<table id="hosts">')[1].split("</table>")[0]
+    routes = html.split('<table id="routes">')[1]
     assert hosts.index("<b>gpu-b</b>") < hosts.index("<b>gpu-a</b>")
     assert routes.index("<b>z</b>") < routes.index("<b>a</b>")
     assert hosts.count("<tr>") == 3 and routes.count("<tr>") == 3  # a heading row, then one each

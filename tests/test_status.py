@@ -36,6 +36,15 @@ from tests.support import all_polled, rigs
 T0 = 1_700_000_000.0
 T0_RFC3339 = "2023-11-14T22:13:20.000Z"
 SCRIPT = "<script>document.title='owned'</script>"
+NO_TOKENS = {
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "cache_hit_rate": None,
+    "generated_tokens": 0,
+    "tokens_per_second": None,
+    "first_token_p50_seconds": None,
+}
+"""A host's token figures in ``recent`` when no answer reported any."""
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -44,13 +53,16 @@ SCRIPT = "<script>document.title='owned'</script>"
 class PageRows(HTMLParser):
     """The status page as data: for each table id, one ``{column label: cell text}`` per row;
     each ``<meta>`` with a ``name`` or ``http-equiv``, as ``{that: content}``; the text of
-    each other element that has an id (a paragraph), as ``{id: text}``."""
+    each other element that has an id (a paragraph), as ``{id: text}``; each chart's
+    ``<title>`` (an SVG's, not the page's), in order, in ``charts``."""
 
     def __init__(self, page: str) -> None:
         super().__init__()
         self.tables: dict[str, list[dict[str, str]]] = {}
         self.metas: dict[str, str | None] = {}
         self.title = ""
+        self.charts: list[str] = []
+        self._in_svg = 0
         self.texts: dict[str, str] = {}
         self._said: tuple[str, str, list[str]] | None = None  # (id, tag, text) being read
         self._table: str | None = None
@@ -74,8 +86,12 @@ class PageRows(HTMLParser):
             self._label, self._text = dict(attrs).get("data-label") or "", []
         elif tag == "br":
             self._text.append(" ")
+        elif tag == "svg":
+            self._in_svg += 1
         elif tag == "title":
             self._in_title = True
+            if self._in_svg:
+                self.charts.append("")
         elif tag == "meta":
             found = dict(attrs)
             key = found.get("name") or found.get("http-equiv")
@@ -98,13 +114,17 @@ class PageRows(HTMLParser):
             self._table = None
         elif tag == "title":
             self._in_title = False
+        elif tag == "svg":
+            self._in_svg -= 1
 
     def handle_data(self, data: str) -> None:
         if self._said is not None:
             self._said[2].append(data)
         if self._label is not None:
             self._text.append(data)
-        if self._in_title:
+        if self._in_title and self._in_svg:
+            self.charts[-1] += data
+        elif self._in_title:
             self.title += data
 
 
@@ -215,6 +235,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                     "requests": 0,
                     "errors": 0,
                     "ttfb_p50_seconds": None,
+                    **NO_TOKENS,
                 },
             },
             "gpu-b": {
@@ -233,6 +254,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                     "requests": 0,
                     "errors": 0,
                     "ttfb_p50_seconds": None,
+                    **NO_TOKENS,
                 },
             },
             "gpu-c": {
@@ -251,6 +273,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
                     "requests": 0,
                     "errors": 0,
                     "ttfb_p50_seconds": None,
+                    **NO_TOKENS,
                 },
             },
         },
@@ -558,6 +581,7 @@ async def test_each_host_shows_its_last_five_minutes(desk: Desk) -> None:
         "requests": 4,
         "errors": 1,
         "ttfb_p50_seconds": 0.25,
+        **NO_TOKENS,
     }
     assert doc["hosts"]["gpu-b"]["recent"]["ttfb_p50_seconds"] == 0.002
     hosts = PageRows((await desk.get("/"))[1].decode()).tables["hosts"]
@@ -574,6 +598,7 @@ async def test_each_host_shows_its_last_five_minutes(desk: Desk) -> None:
         "requests": 0,
         "errors": 0,
         "ttfb_p50_seconds": None,
+        **NO_TOKENS,
     }
 
 
@@ -868,8 +893,8 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     from twisted.internet.threads import deferToThread
 
     chat = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
-    for _ in range(3):
-        response, _ = await fleet.rig.post("/lab/v1/chat/completions", chat)
+    for streamed in (False, False, True):  # a streamed answer has a first content event
+        response, _ = await fleet.rig.post("/lab/v1/chat/completions", {**chat, "stream": streamed})
         assert response.code == 200
     # Error text is untrusted: in a real browser it must stay text and never run.
     fleet.crossbar.table.record_failure("gpu-b", f"health: {SCRIPT}")
@@ -890,6 +915,20 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
         f"lab {fleet.rig.base}/lab/v1": "gpu-a (m1 loaded)",
         f"spare {fleet.rig.base}/spare/v1": "no healthy host",
     }
+    # The tokens the simulated answers reported, and the last hour drawn in inline SVG that
+    # the browser parsed as SVG: each chart's title, in words, in the DOM it built.
+    usage = {row["Host"]: row for row in page.tables["usage"]}
+    assert set(usage) == {"gpu-a", "gpu-b"}
+    assert int(usage["gpu-a"]["Prompt tokens, 5 min"].replace(",", "")) > 0
+    assert usage["gpu-a"]["First token p50, 5 min"].endswith(("ms", " s"))
+    assert usage["gpu-b"]["Prompt tokens, 5 min"] == "0"
+    assert len(page.charts) == 2 * 4
+    assert page.charts[0].startswith(
+        "gpu-a, last 60 min, requests a minute: requests 3 in all, highest 3 in the minute"
+    )
+    assert page.charts[3].startswith("gpu-a, last 60 min, median time to first token: first")
+    assert page.charts[4] == "gpu-b, last 60 min, requests a minute: requests none; errors none"
+    assert dom.count("<svg") == 2 * 4 + 2 * 6  # the charts and their legends' line samples
 
     png = tmp_path / "status.png"
     await deferToThread(screenshot, url, tmp_path / "profile", png)

@@ -2,6 +2,7 @@
 
 from crossbar.fleet.affinity import AffinityOutcome, Conversations, Placement
 from crossbar.fleet.choice import best_group, routes_down
+from crossbar.fleet.hourly import HostHour, HourlyTraffic
 from crossbar.fleet.listing import merged_listing, parse_models
 from crossbar.fleet.policies import Ask, Choice, Conversation, Policies, Policy
 from crossbar.fleet.recent import HostRecent, RecentTraffic, RouteAffinity
@@ -16,8 +17,10 @@ __all__ = [
     "Conversation",
     "Conversations",
     "HealthTable",
+    "HostHour",
     "HostRecent",
     "HostState",
+    "HourlyTraffic",
     "Observers",
     "Placement",
     "Policies",

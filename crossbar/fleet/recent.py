@@ -1,20 +1,25 @@
-"""Each host's last five minutes: requests, errors and the median time to first byte;
-and each ``cache_affinity`` route's: how many turns went to their conversation's home.
+"""Each host's last five minutes: requests, errors, the median time to first byte, the
+tokens its answers reported (prompt, of those cached, generated), its generation speed and
+the median time to first token; and each ``cache_affinity`` route's: how many turns went to
+their conversation's home.
 
 The lifetime counters are in the metrics; an admin glancing at the status page wants
 *now*. So each host has a ring of 30 buckets of 10 s, fed by every proxied request
 (:class:`RecentTraffic` is a :class:`~crossbar.fleet.ProxyObserver`). Memory is fixed
 per host whatever the traffic: the ring never grows, and the times to first byte are
-counted in a histogram whose bins are the values of two significant digits (10 us to
-9900 s), so the median read from it is exact at the two digits the page shows.
-Recording costs a dict lookup, a bisect and three increments; the median is found
-only when a page asks. Pure: no I/O, the time comes from a clock.
+and to first token are each counted in a histogram whose bins are the values of two
+significant digits (10 us to 9900 s), so the medians read from them are exact at the two
+digits the page shows (the first token's in an ``array`` of 4-byte counts: 30 x 3.2 kB).
+Recording costs a dict lookup, up to two bisects and nine increments; the medians are
+found only when a page asks. Pure: no I/O, the time comes from a clock.
 """
 
 from __future__ import annotations
 
+import math
+from array import array
 from bisect import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 
 import attrs
@@ -47,21 +52,75 @@ class HostRecent:
     ttfb_p50: float | None = None
     """Median seconds to the host's status line (two significant digits); ``None``
     when no request in the window got one."""
+    prompt_tokens: int = 0
+    """Prompt tokens (cached ones included) of the answers that reported them."""
+    cached_tokens: int = 0
+    """Of those, the ones read from the host's prompt cache."""
+    generated_tokens: int = 0
+    tokens_per_second: float | None = None
+    """Generated tokens over the seconds spent generating them, across the answers that
+    reported a speed: a long answer weighs more than a short one. ``None``: no such answer."""
+    first_token_p50: float | None = None
+    """Median seconds from a request's arrival to its answer's first content event (two
+    significant digits): the wait a user feels, prefill included."""
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """The share of prompt tokens read from the prompt cache; ``None`` without any."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+_ZEROS = array("I", [0]) * len(GRID)
 
 
 class _Bucket:
-    __slots__ = ("errors", "requests", "tick", "ttfb")
+    __slots__ = (
+        "cached",
+        "errors",
+        "first_token",
+        "generated",
+        "prompt",
+        "requests",
+        "speed_seconds",
+        "speed_tokens",
+        "tick",
+        "ttfb",
+    )
 
     def __init__(self) -> None:
         self.tick = _NEVER
-        self.requests = 0
-        self.errors = 0
+        self.requests = self.errors = 0
+        self.prompt = self.cached = self.generated = self.speed_tokens = 0
+        self.speed_seconds = 0.0
         self.ttfb: list[int] = []
+        self.first_token = array("I")
 
     def reset(self, tick: int) -> None:
         self.tick = tick
         self.requests = self.errors = 0
+        self.prompt = self.cached = self.generated = self.speed_tokens = 0
+        self.speed_seconds = 0.0
         self.ttfb = [0] * len(GRID)
+        self.first_token = _ZEROS[:]
+
+    def count_usage(self, record: RequestRecord) -> None:
+        """What the answer reported: cached tokens only beside their prompt's count, so
+        that the hit rate stays a share; a speed only beside the tokens it was made at."""
+        prompt, generated, speed = (
+            record.prompt_tokens,
+            record.generated_tokens,
+            record.tokens_per_second,
+        )
+        if prompt is not None:
+            self.prompt += prompt
+            self.cached += record.cached_tokens or 0
+        if generated is not None:
+            self.generated += generated
+            if speed is not None and generated > 0 and 0 < speed < math.inf:
+                self.speed_tokens += generated
+                self.speed_seconds += generated / speed
+        if record.first_token is not None:
+            self.first_token[bisect(_EDGES, record.first_token)] += 1
 
 
 @attrs.frozen
@@ -127,6 +186,7 @@ class RecentTraffic:
             bucket.errors += 1
         if record.first_byte is not None:
             bucket.ttfb[bisect(_EDGES, record.first_byte)] += 1
+        bucket.count_usage(record)
 
     def host(self, name: str) -> HostRecent:
         """One host's window as of now; an unknown host did nothing."""
@@ -137,11 +197,18 @@ class RecentTraffic:
         live = [b for b in ring if now - BUCKETS < b.tick <= now]
         if not live:
             return HostRecent()
-        counts = [sum(column) for column in zip(*(b.ttfb for b in live), strict=True)]
+        speed_seconds = sum(b.speed_seconds for b in live)
         return HostRecent(
             requests=sum(b.requests for b in live),
             errors=sum(b.errors for b in live),
-            ttfb_p50=_median(counts),
+            ttfb_p50=histogram_median(_summed(b.ttfb for b in live)),
+            prompt_tokens=sum(b.prompt for b in live),
+            cached_tokens=sum(b.cached for b in live),
+            generated_tokens=sum(b.generated for b in live),
+            tokens_per_second=(
+                sum(b.speed_tokens for b in live) / speed_seconds if speed_seconds else None
+            ),
+            first_token_p50=histogram_median(_summed(b.first_token for b in live)),
         )
 
     def hosts(self) -> dict[str, HostRecent]:
@@ -167,13 +234,17 @@ class RecentTraffic:
         return RouteAffinity(sum(b.turns for b in live), sum(b.home for b in live))
 
 
-def _median(counts: list[int]) -> float | None:
-    """The nearest-rank median of a histogram over :data:`GRID`: the lower of two middles."""
+def _summed(histograms: Iterable[Iterable[int]]) -> list[int]:
+    return [sum(column) for column in zip(*histograms, strict=True)]
+
+
+def histogram_median(counts: Sequence[int], grid: Sequence[float] = GRID) -> float | None:
+    """The nearest-rank median of a histogram over ``grid``: the lower of two middles."""
     total = sum(counts)
     if not total:
         return None
     rank, seen = (total + 1) // 2, 0
-    for value, count in zip(GRID, counts, strict=True):
+    for value, count in zip(grid, counts, strict=True):
         seen += count
         if seen >= rank:
             return value

@@ -29,6 +29,7 @@ from crossbar.config.changes import Reloaded, Reloads
 from crossbar.fleet import (
     HealthTable,
     HostState,
+    HourlyTraffic,
     RecentTraffic,
     RouteAffinity,
     Traffic,
@@ -36,6 +37,7 @@ from crossbar.fleet import (
 )
 from crossbar.fleet.policies import Ask, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.hostusage import recent_usage_json
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
@@ -61,6 +63,7 @@ class StatusApp:
         worker: WorkerInfo | None = None,
         reloads: Reloads | None = None,
         reload: Callable[[], Reloaded] | None = None,
+        hourly: HourlyTraffic | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -70,6 +73,8 @@ class StatusApp:
         self.gather_metrics = gather_metrics
         """With several workers: every worker's metrics, labelled by worker."""
         self.recent = recent
+        self.hourly = hourly
+        """Each host's last hour for the page's charts (``None``: no charts' data)."""
         self.about = About(__version__, clock.seconds(), config.source, worker)
         """Built with the service, so ``started`` is when this crossbar started."""
         self.draining = False
@@ -104,6 +109,7 @@ class StatusApp:
             "requests": recent.requests,
             "errors": recent.errors,
             "ttfb_p50_seconds": recent.ttfb_p50,
+            **recent_usage_json(recent),
         }
         return doc
 
@@ -173,6 +179,7 @@ class StatusApp:
             base=base_url(request),
             reloads=self.reloads,
             waiting=waiting_by_route(self.traffic, self.clock.seconds()),
+            hourly={} if self.hourly is None else self.hourly.hosts(),
         )
 
     @app.route("/status", methods=["GET"])

@@ -18,8 +18,10 @@ from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer,
 
 from crossbar.config import DEMO_SOURCE, Config, RouteConfig
 from crossbar.config.changes import Reloads
-from crossbar.fleet import HostRecent, HostState, RouteAffinity, routes_down
+from crossbar.fleet import HostHour, HostRecent, HostState, RouteAffinity, routes_down
 from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.charts import CHART_STYLE
+from crossbar.pages.hostusage import HostUsage
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
 
@@ -124,6 +126,7 @@ data-label="Errors, 5 min" class="num"><t:slot name="errors" /></td><td
 data-label="First byte p50, 5 min" class="num"><t:slot name="ttfb" /></td></tr>
 </tbody>
 </table>
+<t:transparent t:render="usage" />
 <h2>Routes</h2>
 <table id="routes">
 <thead><tr><th>Route and its base URL for agents</th><th>Policy</th><th>Hosts, in order</th>
@@ -225,13 +228,15 @@ class StatusPage(Element):
     reloads: Reloads | None = attrs.field(kw_only=True, default=None)
     waiting: Mapping[str, Mapping[str, Any]] = attrs.field(kw_only=True, factory=dict)
     """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
+    hourly: Mapping[str, HostHour] = attrs.field(kw_only=True, factory=dict)
+    """Each host's last hour, a minute at a time, for the charts."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
         """What more than one part of the page, or the fixed CSS, needs."""
         return tag.fillSlots(
             refresh=str(REFRESH_SECONDS),
-            style=_STYLE,
+            style=_STYLE + CHART_STYLE,
             now=rfc3339(self.now) or "",
             version=self.about.version,
             window=str(WINDOW_SECONDS // 60),
@@ -284,6 +289,11 @@ class StatusPage(Element):
         """One row per host, one line each."""
         rows = (tag.clone().fillSlots(**self._host_cells(n, s)) for n, s in self.states.items())
         return _joined("\n", rows)
+
+    @renderer
+    def usage(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        """Tokens and speed per host, then the last hour's charts (:mod:`.hostusage`)."""
+        return HostUsage(list(self.states), self.recent, self.hourly)
 
     @renderer
     def route(self, request: IRequest | None, tag: Tag) -> Flattenable:
