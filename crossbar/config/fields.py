@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 from crossbar.config.secrets import mask_url, shown_url
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=(?:\\.|[^:\\])*)*)")
 r"""A plain TCP endpoint; option values may hold colons escaped as Twisted writes them
 (``interface=\:\:1``)."""
@@ -22,7 +22,7 @@ agents connecting at once wait a second for the kernel to retry."""
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"`` or a number; must be > 0."""
+    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"``, ``"90d"`` or a number; must be > 0."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
@@ -30,7 +30,7 @@ def parse_duration(value: object) -> float:
     elif isinstance(value, str):
         match = _DURATION.fullmatch(value.strip())
         if match is None:
-            raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 5s, 2m, 1h)")
+            raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 5s, 2m, 1h, 90d)")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     else:
         raise ValueError(f"not a duration: {value!r}")
