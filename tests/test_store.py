@@ -28,7 +28,9 @@ def test_two_connections_add_to_the_same_rows(tmp_path: Path) -> None:
     a.add({(60, "lab", "gpu-a", "m", "alice"): ROW})
     b.add({(60, "lab", "gpu-a", "m", "alice"): ROW, (60, "lab", "gpu-b", "m", "bob"): ROW})
     [alice, bob] = a.query(0, 120, ["key"])
-    assert alice == {"key": "alice"} | dict(zip(COUNTS, [2, 0, 200, 120, 40, 2, 1.0, 2, 80.0], strict=True))
+    assert alice == {"key": "alice"} | dict(
+        zip(COUNTS, [2, 0, 200, 120, 40, 2, 1.0, 2, 80.0], strict=True)
+    )
     assert bob["key"] == "bob"
     assert bob["requests"] == 1
     assert b.query(0, 120, ["host", "model"])[0]["host"] == "gpu-a"

@@ -22,7 +22,8 @@ agents connecting at once wait a second for the kernel to retry."""
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"``, ``"90d"`` or a number; must be > 0."""
+    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"``, ``"90d"`` or a number;
+    must be > 0."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):

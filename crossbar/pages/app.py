@@ -40,7 +40,9 @@ from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
 from crossbar.pages.times import rfc3339
+from crossbar.pages.usagepage import answer as usage_answer
 from crossbar.pages.waiting import waiting_by_route
+from crossbar.usage.ledger import UsageLedger
 
 
 class StatusApp:
@@ -61,6 +63,7 @@ class StatusApp:
         worker: WorkerInfo | None = None,
         reloads: Reloads | None = None,
         reload: Callable[[], Reloaded] | None = None,
+        usage: UsageLedger | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -77,6 +80,8 @@ class StatusApp:
         self.reloads = reloads
         self.reload = reload
         """Reloads the config (``None``: there is no file to read, as in a demo)."""
+        self.usage = usage
+        """Usage kept across restarts; ``None``: ``usage_db`` is off."""
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -221,6 +226,11 @@ class StatusApp:
         code, answer = await relay_reload(worker)
         request.setResponseCode(code)
         return _json(request, answer)
+
+    @app.route("/usage", methods=["GET"])
+    def usage_sums(self, request: IRequest) -> Deferred[bytes]:
+        """Usage kept in ``usage_db``, summed (see :mod:`crossbar.pages.usagepage`)."""
+        return Deferred.fromCoroutine(usage_answer(request, self.usage, self.clock))
 
     @app.route("/livez", methods=["GET"])
     def livez(self, request: IRequest) -> bytes:

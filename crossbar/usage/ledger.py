@@ -118,8 +118,13 @@ class UsageLedger(Service):
                 await self._writing
             await self.flush()
 
-        def close(result: object) -> None:
-            if isinstance(result, Failure):
+        def end(in_time: bool) -> None:
+            if ended.called:
+                return
+            ended.callback(None)
+            if timer.active():
+                timer.cancel()
+            if not in_time:
                 lost = sum(int(sums[0]) for sums in self.sums.rows.values())
                 log.warn(
                     "usage store: the last batch was not written in {s:g} s; "
@@ -131,8 +136,11 @@ class UsageLedger(Service):
                 self._thread.run(self.store.close).addErrback(lambda _: None)
             self._thread.stop()
 
-        done = Deferred.fromCoroutine(last_batch()).addTimeout(STOP_SECONDS, self._clock)
-        return done.addBoth(close)
+        # No cancel of the write on time out: a thread cannot be stopped mid-call.
+        ended: Deferred[None] = Deferred()
+        timer = self._clock.callLater(STOP_SECONDS, end, False)
+        Deferred.fromCoroutine(last_batch()).addBoth(lambda _: end(True))
+        return ended
 
     # -- writing and pruning ----------------------------------------------------------------
 
