@@ -41,6 +41,7 @@ from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
 from crossbar.pages.times import rfc3339
 from crossbar.pages.usagepage import answer as usage_answer
+from crossbar.pages.usagepanel import UsagePanel
 from crossbar.pages.waiting import waiting_by_route
 from crossbar.usage.ledger import UsageLedger
 
@@ -82,6 +83,7 @@ class StatusApp:
         """Reloads the config (``None``: there is no file to read, as in a demo)."""
         self.usage = usage
         """Usage kept across restarts; ``None``: ``usage_db`` is off."""
+        self.usage_panel = UsagePanel(usage, clock)
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -178,6 +180,7 @@ class StatusApp:
             base=base_url(request),
             reloads=self.reloads,
             waiting=waiting_by_route(self.traffic, self.clock.seconds()),
+            usage=self.usage_panel.current(),
         )
 
     @app.route("/status", methods=["GET"])

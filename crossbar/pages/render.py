@@ -22,6 +22,7 @@ from crossbar.fleet import HostRecent, HostState, RouteAffinity, routes_down
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
+from crossbar.pages.usagepanel import UsageView, usage_tables
 
 REFRESH_SECONDS = 5
 PAGE_MODELS = 20
@@ -136,8 +137,10 @@ data-label="Default model"><t:slot name="model" /></td><td
 data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
 </tbody>
 </table>
+<t:transparent t:render="usage_tables" />
 <p class="muted">Also: <a href="status">status (JSON)</a> \u00b7 <a href="metrics">metrics</a>
-\u00b7 <a href="readyz">readyz</a> \u00b7 <a href="livez">livez</a></p>
+\u00b7 <a href="usage">usage (JSON)</a> \u00b7 <a href="readyz">readyz</a> \u00b7 <a
+href="livez">livez</a></p>
 </body>
 </html>
 """
@@ -225,6 +228,7 @@ class StatusPage(Element):
     reloads: Reloads | None = attrs.field(kw_only=True, default=None)
     waiting: Mapping[str, Mapping[str, Any]] = attrs.field(kw_only=True, factory=dict)
     """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
+    usage: UsageView = attrs.field(kw_only=True, default="usage_db is off")
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -269,6 +273,10 @@ class StatusPage(Element):
     def demo(self, request: IRequest | None, tag: Tag) -> Flattenable:
         """The banner, on a demo only: nobody should take its answers for a model's."""
         return tag if self.config.source == DEMO_SOURCE else ""
+
+    @renderer
+    def usage_tables(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        return usage_tables(self.usage)
 
     @renderer
     def summary(self, request: IRequest | None, tag: Tag) -> Flattenable:
