@@ -9,12 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import pytest
+import pytest_twisted
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.task import Clock
 
+from crossbar.config import Config
 from crossbar.fleet import RequestRecord
 from crossbar.testing.logs import LogCapture
+from crossbar.testing.rig import rigs
+from crossbar.testing.simulator import SimulatedHost
 from crossbar.usage.ledger import FLUSH_SECONDS, PRUNE_SECONDS, STOP_SECONDS, UsageLedger
 from crossbar.usage.store import UsageStore
 
@@ -205,3 +210,33 @@ def test_old_usage_is_pruned_at_start_and_every_hour() -> None:
     clock.advance(PRUNE_SECONDS)
     assert kept(store) == []
     ledger.stopService()
+
+
+# -- within crossbar ----------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reload_keeps_the_ledger_and_a_restart_loses_no_request(tmp_path: Path) -> None:
+    """A reload changes only the retention; a stop writes what was not yet written, so
+    a crossbar started again on the file has every request."""
+    path = str(tmp_path / "u.sqlite3")
+
+    def kept_in(config: Config) -> Config:
+        return attrs.evolve(config, usage_db=path)
+
+    chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
+    async with rigs() as make:
+        rig = await make({"gpu-a": SimulatedHost({"tiny-a": "loaded"})}, adjust=kept_in)
+        ledger = rig.crossbar.usage
+        assert ledger is not None
+        for _ in range(2):
+            assert (await rig.post("/lab/v1/chat/completions", chat))[0].code == 200
+        result = rig.reload(attrs.evolve(rig.crossbar.config, usage_retention=7 * 86400.0))
+        assert result.ok, result.message
+        assert rig.crossbar.usage is ledger and ledger.retention == 7 * 86400
+        assert (await rig.post("/lab/v1/chat/completions", chat))[0].code == 200
+    again = UsageStore(path)
+    again.open()
+    [row] = kept(again, ("route",))
+    assert (row["route"], row["requests"]) == ("lab", 3)
+    assert row["prompt_tokens"] > 0
