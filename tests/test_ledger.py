@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import attrs
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.task import Clock
 
 from crossbar.config import Config
@@ -22,6 +22,7 @@ from crossbar.testing.rig import rigs
 from crossbar.testing.simulator import SimulatedHost
 from crossbar.usage.ledger import FLUSH_SECONDS, PRUNE_SECONDS, STOP_SECONDS, UsageLedger
 from crossbar.usage.store import UsageStore
+from crossbar.usage.thread import OneThread
 
 T = TypeVar("T")
 USED = RequestRecord(
@@ -240,3 +241,26 @@ async def test_a_reload_keeps_the_ledger_and_a_restart_loses_no_request(tmp_path
     [row] = kept(again, ("route",))
     assert (row["route"], row["requests"]) == ("lab", 3)
     assert row["prompt_tokens"] > 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_workers_ledgers_on_one_file_sum_each_others_requests(
+    tmp_path: Path, reactor: Any
+) -> None:
+    """``workers: N``: each worker's ledger, on its own thread and connection, writes the
+    same minute of the same route, host, model and key; the file holds their sum."""
+    path = str(tmp_path / "u.sqlite3")
+    ledgers = [
+        UsageLedger(UsageStore(path), 86400.0, reactor, OneThread(reactor), lambda m: True)
+        for _ in range(2)
+    ]
+    for ledger in ledgers:
+        ledger.startService()
+    for n, ledger in enumerate(ledgers, start=1):
+        for _ in range(n):
+            ledger.request_done(USED)
+    await gatherResults([ledger.flush() for ledger in ledgers])
+    [row] = await ledgers[0].query(0, 10**10, ())  # both minutes, should the minute turn
+    assert (row["requests"], row["prompt_tokens"]) == (3, 300)
+    for ledger in ledgers:
+        await ledger.stopService()
