@@ -105,3 +105,26 @@ def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
         store.add({(0, "lab", "gpu-a", "m", "alice"): ["x"] * 8})  # one value short
     store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})  # the next batch goes through
     assert store.query(0, 60, [])[0]["requests"] == 1
+
+
+def test_workers_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """Switching a new file to WAL does not wait for another's lock: seen failing one
+    start in twenty with four workers before it was tried again."""
+    failed: list[Exception] = []
+    for attempt in range(60):
+        path = tmp_path / f"u{attempt}.sqlite3"
+        together = threading.Barrier(4)
+
+        def open_it(path: Path = path, together: threading.Barrier = together) -> None:
+            together.wait()
+            try:
+                opened(path).close()
+            except Exception as e:
+                failed.append(e)
+
+        workers = [threading.Thread(target=open_it) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    assert failed == []

@@ -15,6 +15,7 @@ Never a key, never a request or an answer.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,7 +55,23 @@ class UsageStore:
     def open(self) -> None:
         """Open the file, creating it and its table if need be, and check that it can
         be written now: a corrupt file, or one that cannot be written, raises
-        ``sqlite3.Error`` (or ``OSError``) here rather than at the first batch."""
+        ``sqlite3.Error`` (or ``OSError``) here rather than at the first batch.
+
+        Workers start together: switching a new file to WAL mode does not wait for the
+        lock another worker holds while it does the same, so a busy file is tried again
+        (on this thread of its own) for up to :data:`BUSY_SECONDS`."""
+        deadline = time.monotonic() + BUSY_SECONDS
+        while True:
+            try:
+                self._open()
+                return
+            except sqlite3.OperationalError as e:
+                busy = e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.02)
+
+    def _open(self) -> None:
         db = sqlite3.connect(
             self.path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False
         )
