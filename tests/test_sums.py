@@ -77,3 +77,9 @@ def test_rows_stop_at_most_and_what_is_left_out_is_counted() -> None:
     assert named(sums.rows[0, "lab", "gpu-a", "m", "alice"])["requests"] == 2
     sums.put_back({(600, "lab", "gpu-a", "m", "alice"): [3] + [0] * 8})
     assert sums.dropped == 5
+
+
+def test_a_request_refused_at_the_door_used_nothing() -> None:
+    sums = MinuteSums()
+    sums.add(RequestRecord("lab", None, 401, 0.0, refused=True), 0)
+    assert not sums

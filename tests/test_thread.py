@@ -37,7 +37,7 @@ async def test_an_error_comes_back_as_a_failure(reactor: Any) -> None:
     assert await worker.run(lambda: "still works") == "still works"
     worker.stop()
     with pytest.raises(RuntimeError, match="stopped"):
-        worker.run(lambda: None)
+        await worker.run(lambda: None)
 
 
 @pytest_twisted.ensureDeferred

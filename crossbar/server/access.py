@@ -24,16 +24,15 @@ def access_line(record: RequestRecord) -> str:
 
 def _usage(record: RequestRecord) -> str:
     """The usage fields of a line, each `` name=value``; rounded as the JSON log rounds."""
-    fields = [] if record.key is None else [f" key={record.key}"]
-    for name, value in (
-        ("prompt_tokens", record.prompt_tokens),
-        ("cached_tokens", record.cached_tokens),
-        ("completion_tokens", record.generated_tokens),
-    ):
-        if value is not None:
-            fields.append(f" {name}={value}")
+    text = "" if record.key is None else f" key={record.key}"
+    if record.prompt_tokens is not None:
+        text += f" prompt_tokens={record.prompt_tokens}"
+    if record.cached_tokens is not None:
+        text += f" cached_tokens={record.cached_tokens}"
+    if record.generated_tokens is not None:
+        text += f" completion_tokens={record.generated_tokens}"
     if record.first_token is not None:
-        fields.append(f" ttft_ms={round(record.first_token * 1000)}")
+        text += f" ttft_ms={round(record.first_token * 1000)}"
     if record.tokens_per_second is not None:
-        fields.append(f" tok_s={round(record.tokens_per_second, 1)}")
-    return "".join(fields)
+        text += f" tok_s={round(record.tokens_per_second, 1)}"
+    return text

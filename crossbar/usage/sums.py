@@ -57,7 +57,11 @@ class MinuteSums:
         return len(self.rows)
 
     def add(self, record: RequestRecord, now: float) -> None:
-        """One request that ended at ``now``. Without keys, usage goes to the route."""
+        """One request that ended at ``now``. Without keys, usage goes to the route. One
+        refused at the door (401, 413...) used nothing, and is not counted: a stranger's
+        requests do not fill the store."""
+        if record.refused:
+            return
         model = record.model
         if model is None:
             model = "-"

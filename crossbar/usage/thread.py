@@ -13,7 +13,7 @@ from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
 
@@ -32,9 +32,10 @@ class OneThread:
         self.stopped = False
 
     def run(self, f: Callable[..., T], *args: Any) -> Deferred[T]:
-        """``f(*args)`` on the thread; its result, or its exception as a failure."""
+        """``f(*args)`` on the thread; its result, or its exception as a failure (once
+        stopped, a failure at once)."""
         if self.stopped:
-            raise RuntimeError(f"{self._name}: stopped")
+            return fail(RuntimeError(f"{self._name}: stopped"))
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
             self._thread.start()
