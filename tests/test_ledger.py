@@ -20,7 +20,13 @@ from crossbar.fleet import RequestRecord
 from crossbar.testing.logs import LogCapture
 from crossbar.testing.rig import rigs
 from crossbar.testing.simulator import SimulatedHost
-from crossbar.usage.ledger import FLUSH_SECONDS, PRUNE_SECONDS, STOP_SECONDS, UsageLedger
+from crossbar.usage.ledger import (
+    FLUSH_SECONDS,
+    PRUNE_SECONDS,
+    STOP_SECONDS,
+    STUCK_SECONDS,
+    UsageLedger,
+)
 from crossbar.usage.store import UsageStore
 from crossbar.usage.thread import OneThread
 
@@ -211,6 +217,56 @@ def test_old_usage_is_pruned_at_start_and_every_hour() -> None:
     clock.advance(PRUNE_SECONDS)
     assert kept(store) == []
     ledger.stopService()
+
+
+def test_a_prune_that_fails_is_one_line_and_tried_again_in_an_hour() -> None:
+    class NoPrune(UsageStore):
+        failing = True
+
+        def prune(self, before: float) -> int:
+            if self.failing:
+                raise sqlite3.OperationalError("database is locked")
+            return super().prune(before)
+
+    store = NoPrune(":memory:")
+    logs = LogCapture()
+    try:
+        ledger, clock, _ = started(store)
+        clock.advance(PRUNE_SECONDS)
+        store.failing = False
+        clock.advance(PRUNE_SECONDS)
+        ledger.stopService()
+    finally:
+        logs.close()
+    assert logs.lines == [
+        "usage store: cannot prune :memory:: database is locked; tried again in an hour",
+        "usage store: :memory: works again",
+    ]
+
+
+def test_a_write_that_hangs_is_said_once_and_requests_wait_in_memory() -> None:
+    store = UsageStore(":memory:")
+    logs = LogCapture()
+    try:
+        ledger, clock, thread = started(store)
+        thread.held = True
+        ledger.request_done(USED)
+        clock.advance(FLUSH_SECONDS)  # the write hangs from here
+        for _ in range(int(STUCK_SECONDS / FLUSH_SECONDS) + 3):
+            ledger.request_done(USED)
+            clock.advance(FLUSH_SECONDS)
+        thread.release()
+        clock.advance(FLUSH_SECONDS)
+        assert kept(store)[0]["requests"] == int(STUCK_SECONDS / FLUSH_SECONDS) + 4
+        ledger.stopService()
+    finally:
+        logs.close()
+    assert logs.lines == [
+        "usage store: cannot write :memory:: no answer in 60 s; usage waits in memory (at most"
+        " 20000 rows, a minute of a route, host, model and key each) to be written with a"
+        " later batch",
+        "usage store: :memory: works again",
+    ]
 
 
 # -- within crossbar ----------------------------------------------------------------------

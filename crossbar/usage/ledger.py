@@ -32,6 +32,8 @@ from crossbar.usage.sums import MinuteSums, Place, Sums
 
 FLUSH_SECONDS = 5.0
 PRUNE_SECONDS = 3600.0
+STUCK_SECONDS = 60.0
+"""A write that has not ended in this long is said in the log (once)."""
 STOP_SECONDS = 5.0
 """How long a stop waits for the last batch to be written."""
 MOST_ROWS = 20_000
@@ -71,10 +73,12 @@ class UsageLedger(Service):
         self.sums = MinuteSums(knows, most)
         self._clock, self._thread, self._every = clock, thread, every
         self._writing: Deferred[None] | None = None
+        self._write_began = 0.0
         self._opening: Deferred[None] | None = None
         self._troubled: str | None = None
         """What the store failed at last (``write``, ``prune``), until it works again."""
-        self._loops = (LoopingCall(self.flush), LoopingCall(self.prune))
+        # The flush's tick does not wait for its write: a write that hangs is noticed.
+        self._loops = (LoopingCall(lambda: self.flush() and None), LoopingCall(self.prune))
         for loop in self._loops:
             loop.clock = clock
 
@@ -145,15 +149,19 @@ class UsageLedger(Service):
     # -- writing and pruning ----------------------------------------------------------------
 
     def flush(self) -> Deferred[None]:
-        """Send the rows so far to the store, unless a batch is being written."""
+        """Send the rows so far to the store, unless a batch is being written (one that
+        has been for :data:`STUCK_SECONDS` is said, once)."""
+        now = self._clock.seconds()
         if self._writing is not None:
+            if now - self._write_began >= STUCK_SECONDS:
+                self._trouble(None, "write")
             return self._writing
         if self.off is not None or not self.sums:
             return succeed(None)
         batch = self.sums.take()
         writing = self._thread.run(self.store.add, batch)
-        writing.addCallbacks(self._worked, self._not_written, errbackArgs=(batch,))
-        self._writing = writing
+        writing.addCallbacks(self._worked, self._not_written, ("write",), {}, (batch,))
+        self._writing, self._write_began = writing, now
 
         def done(_: None) -> None:
             self._writing = None
@@ -162,30 +170,36 @@ class UsageLedger(Service):
 
     def _not_written(self, failure: Failure, batch: dict[Place, Sums]) -> None:
         self.sums.put_back(batch)
-        self._trouble("write", failure)
+        self._trouble(failure, "write")
 
     def prune(self) -> Deferred[None]:
         """Forget what is older than ``retention``."""
         before = self._clock.seconds() - self.retention
         pruning = self._thread.run(self.store.prune, before)
-        return pruning.addCallbacks(self._worked, self._trouble, errbackArgs=("prune",))
+        return pruning.addCallbacks(self._worked, self._trouble, ("prune",), {}, ("prune",))
 
-    def _trouble(self, what: str, failure: Failure) -> None:
+    def _trouble(self, failure: Failure | None, what: str) -> None:
+        """Said once, until the store does ``what`` again."""
         if self._troubled is not None:
             return
         self._troubled = what
+        why = f"no answer in {STUCK_SECONDS:g} s" if failure is None else _reason(failure)
+        then = (
+            f"; usage waits in memory (at most {self.sums.most} rows, a minute of a route, "
+            "host, model and key each) to be written with a later batch"
+            if what == "write"
+            else "; tried again in an hour"
+        )
         log.warn(
-            "usage store: cannot {what} {path}: {why}; usage waits in memory (at most "
-            "{most} rows, a minute of a route, host, model and key each) to be written "
-            "with a later batch",
+            "usage store: cannot {what} {path}: {why}{then}",
             what=what,
             path=self.store.path,
-            why=_reason(failure),
-            most=self.sums.most,
+            why=why,
+            then=then,
         )
 
-    def _worked(self, _: object) -> None:
-        if self._troubled is None:
+    def _worked(self, _: object, what: str) -> None:
+        if self._troubled != what:
             return
         self._troubled, dropped = None, self.sums.dropped
         self.sums.dropped = 0
