@@ -223,3 +223,28 @@ async def test_with_usage_db_off_the_page_says_so() -> None:
         assert rig.crossbar.usage is None
         code, body = await usage(rig, "", key=None)
         assert (code, json.loads(body)["reason"]) == (503, "usage_db is off")
+
+
+def test_a_store_that_does_not_answer_is_a_503_in_time() -> None:
+    """A disk that hangs: the query waits on the store's thread, the page does not."""
+    from twisted.internet.task import Clock
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from crossbar.pages.usagepage import QUERY_SECONDS, answer
+
+    class Hung:
+        off = None
+        retention = 86400.0
+
+        def query(self, *args: object) -> Deferred[Any]:
+            return Deferred()
+
+    clock, request = Clock(), DummyRequest([b"usage"])
+    clock.advance(NOW)
+    answered = Deferred.fromCoroutine(answer(request, Hung(), clock))  # type: ignore[arg-type]
+    assert not answered.called
+    clock.advance(QUERY_SECONDS)
+    assert request.responseCode == 503
+    assert json.loads(answered.result) == {
+        "error": "usage store busy", "reason": "the usage store has not answered in 10 s"
+    }  # fmt: skip
