@@ -130,6 +130,8 @@ def test_the_tables_say_tokens_in_words_names_escaped() -> None:
     assert "12,345 prompt (80% cached), 2,100 generated, 4 requests" in text
     assert '<span class="muted">none</span>' in text  # nothing today
     assert "none yet" in html(totals([], []))
+    one = html(totals([row("lab", "a", 1, 10, 0, 2)], []))
+    assert "10 prompt (0% cached), 2 generated, 1 request<" in one
     assert "Reading the usage store" in html(None)
 
 

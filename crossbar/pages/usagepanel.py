@@ -151,5 +151,5 @@ def _tokens(tokens: Tokens) -> Flattenable:
     if not tokens.requests:
         return tags.span("none", class_="muted")
     cached = f" ({tokens.cached / tokens.prompt:.0%} cached)" if tokens.prompt else ""
-    return (f"{tokens.prompt:,} prompt{cached}, {tokens.generated:,} generated, "
-            f"{tokens.requests:,} requests")  # fmt: skip
+    requests = "1 request" if tokens.requests == 1 else f"{tokens.requests:,} requests"
+    return f"{tokens.prompt:,} prompt{cached}, {tokens.generated:,} generated, {requests}"
