@@ -61,3 +61,16 @@ def test_usage_retention_is_a_duration(tmp_path: Path, value: str, retention: fl
 )
 def test_a_bad_value_is_one_line(tmp_path: Path, line: str, message: str) -> None:
     assert error_of(tmp_path, MINIMAL + line + "\n").startswith(message.format(dir=tmp_path))
+
+
+@pytest.mark.parametrize("value", ["off", "/var/lib/crossbar/u.sqlite3"])
+def test_the_effective_config_shows_usage_as_it_loads(tmp_path: Path, value: str) -> None:
+    """``--check --show``'s YAML loads back to the same keys (off written as false)."""
+    from crossbar.config import effective
+    from crossbar.config.show import to_yaml
+
+    config = load_config(write(tmp_path, MINIMAL + f"usage_db: {value}\nusage_retention: 7d\n"))
+    shown = effective(config)
+    assert shown["usage_retention"] == 7 * 86400
+    again = load_config(write(tmp_path, to_yaml(config)))
+    assert (again.usage_db, again.usage_retention) == (config.usage_db, config.usage_retention)
