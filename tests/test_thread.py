@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.task import deferLater
 
 from crossbar.usage.thread import OneThread
 
@@ -44,12 +45,16 @@ async def test_an_error_comes_back_as_a_failure(reactor: Any) -> None:
 async def test_a_stuck_call_holds_its_thread_not_the_reactor(reactor: Any) -> None:
     """While a call blocks, the reactor turns; the calls after it wait their turn."""
     worker = OneThread(reactor)
-    release = threading.Event()
-    stuck = worker.run(release.wait)
-    after = worker.run(lambda: "after")
-    from twisted.internet.task import deferLater
+    started, release = threading.Event(), threading.Event()
 
-    await deferLater(reactor, 0.05, lambda: None)  # the reactor turns meanwhile
+    def hang() -> bool:
+        started.set()
+        return release.wait()
+
+    stuck = worker.run(hang)
+    after = worker.run(lambda: "after")
+    assert started.wait(10)  # it runs, on its thread...
+    await deferLater(reactor, 0, lambda: None)  # ...while the reactor turns
     assert not stuck.called and not after.called
     release.set()
     assert await stuck is True
