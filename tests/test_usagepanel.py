@@ -140,7 +140,7 @@ def test_the_status_page_has_the_usage_section() -> None:
                     routes={"lab": RouteConfig("lab", ("gpu-a",), None)})  # fmt: skip
     about = About("1", 0.0, "lab.yaml")
     page = StatusPage(config, {}, {}, {}, 0.0, about=about, recent={}, base="http://x",
-                      usage=totals([row("lab", "bob", 1, 1, 0, 1)], []))  # fmt: skip
+                      usage_totals=totals([row("lab", "bob", 1, 1, 0, 1)], []))  # fmt: skip
     done: list[bytes] = []
     flattenString(None, page).addCallback(done.append)
     text = done[0].decode()

@@ -180,7 +180,7 @@ class StatusApp:
             base=base_url(request),
             reloads=self.reloads,
             waiting=waiting_by_route(self.traffic, self.clock.seconds()),
-            usage=self.usage_panel.current(),
+            usage_totals=self.usage_panel.current(),
         )
 
     @app.route("/status", methods=["GET"])

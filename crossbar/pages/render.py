@@ -228,7 +228,8 @@ class StatusPage(Element):
     reloads: Reloads | None = attrs.field(kw_only=True, default=None)
     waiting: Mapping[str, Mapping[str, Any]] = attrs.field(kw_only=True, factory=dict)
     """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
-    usage: UsageView = attrs.field(kw_only=True, default="usage_db is off")
+    usage_totals: UsageView = attrs.field(kw_only=True, default="usage_db is off")
+    """Each key's and route's tokens of today and this week (:mod:`.usagepanel`)."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -276,7 +277,7 @@ class StatusPage(Element):
 
     @renderer
     def usage_tables(self, request: IRequest | None, tag: Tag) -> Flattenable:
-        return usage_tables(self.usage)
+        return usage_tables(self.usage_totals)
 
     @renderer
     def summary(self, request: IRequest | None, tag: Tag) -> Flattenable:
