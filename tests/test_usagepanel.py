@@ -144,7 +144,7 @@ def test_the_status_page_has_the_usage_section() -> None:
     done: list[bytes] = []
     flattenString(None, page).addCallback(done.append)
     text = done[0].decode()
-    assert "<h2>Usage</h2>" in text and '<table id="usage-keys">' in text
+    assert "<h2>Tokens today and this week</h2>" in text and '<table id="usage-keys">' in text
     assert '<a href="usage">usage (JSON)</a>' in text
 
 

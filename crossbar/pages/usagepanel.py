@@ -116,7 +116,7 @@ class UsagePanel:
 
 def usage_tables(view: UsageView) -> Flattenable:
     """The section: two tables, or a line saying why there are none."""
-    head = tags.h2("Usage")
+    head = tags.h2("Tokens today and this week")
     if view is None:
         return [head, tags.p("Reading the usage store\u2026", class_="muted")]
     if isinstance(view, str):
