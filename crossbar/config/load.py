@@ -22,8 +22,10 @@ from crossbar.config.fields import (
     parse_flag,
     parse_listen,
     parse_networks,
+    parse_retention,
     parse_size,
     parse_url,
+    parse_usage_db,
     parse_workers,
     tcp_address,
 )
@@ -244,38 +246,17 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
             r.one_of("log_format", top.get("log_format", "text"), model_.LOG_FORMATS),
         ),
         usage_db=_usage_db(r, top),
-        usage_retention=_retention(r, top),
+        usage_retention=r.convert(
+            "usage_retention", parse_retention, top.get("usage_retention", 90 * 86400.0)
+        ),
     )
 
 
 def _usage_db(r: _Reader, top: dict[str, Any]) -> str | None:
-    """``usage_db``: a file (relative to the config's folder), ``":memory:"`` or ``off``
-    (YAML reads an unquoted ``off`` as false). Missing: a file beside the config file,
-    or none for a config with no file."""
+    """Missing: a file beside the config file, or none for a config with no file."""
     if "usage_db" not in top:
         return None if r.base is None else str(r.base / model_.USAGE_DB_FILE)
-    value = top["usage_db"]
-    if value is False or value == "off":
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise r.fail("usage_db", f"must be a file's path or off, not {_kind(value)}")
-    if value == model_.MEMORY_DB:
-        return value
-    path = Path(value).expanduser()
-    if not path.is_absolute() and r.base is not None:
-        path = r.base / path
-    if path.is_dir():
-        raise r.fail("usage_db", f"{path} is a folder, not a file")
-    return str(path)
-
-
-def _retention(r: _Reader, top: dict[str, Any]) -> float:
-    seconds: float = r.convert(
-        "usage_retention", parse_duration, top.get("usage_retention", 90 * 86400.0)
-    )
-    if seconds < 3600:
-        raise r.fail("usage_retention", f"must be at least 1h, not {top['usage_retention']!r}")
-    return seconds
+    return r.convert("usage_db", lambda v: parse_usage_db(v, r.base), top["usage_db"])  # type: ignore[no-any-return]
 
 
 def _entries(
