@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from crossbar.config import DEMO_SOURCE, Config, HostConfig, HostSettings, RouteConfig
+from crossbar.config.model import MEMORY_DB
 from crossbar.testing import SimulatedHost
 
 FLEET = {
@@ -44,4 +45,5 @@ def fleet_config(listen: str, urls: dict[str, str]) -> Config:
             ),
         },
         source=DEMO_SOURCE,
+        usage_db=MEMORY_DB,  # drawn on the page, never written: the answers are made up
     )

@@ -3,7 +3,7 @@ one place, into one Twisted service.
 
 Data flows one way: the config names the hosts, the poller fills the health table, the
 proxy reads the table to choose a host and hands each request's record to its observers
-(metrics, the recent and hourly windows, the access log), and the status pages read all
+(metrics, the recent and hourly windows, the access log, the usage ledger), and the status pages read all
 of it. The one thing the pages change is the config: ``POST /_crossbar/reload`` calls
 :meth:`Crossbar.reload_everywhere`.
 """
@@ -37,6 +37,9 @@ from crossbar.server.front import FrontDoor, PageResources, Private
 from crossbar.server.resources import ProxyResource
 from crossbar.server.waiting import Waits
 from crossbar.upstream.failures import describe
+from crossbar.usage.ledger import UsageLedger
+from crossbar.usage.store import UsageStore
+from crossbar.usage.thread import OneThread
 
 log = Logger()
 
@@ -66,9 +69,9 @@ class Crossbar(MultiService):
         self.recent, self.hourly = hosts.recent, hosts.hourly
         self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
-        self._observer = Observers(
-            self.metrics, self.recent, self.hourly, AccessLog(self.table.knows)
-        )
+        self.usage = _usage_ledger(config, reactor, self.table.knows)
+        observers = (self.metrics, self.recent, self.hourly, AccessLog(self.table.knows))
+        self._observer = Observers(*observers, *([self.usage] if self.usage else []))
         self.waits = Waits(self.traffic, self.table, reactor)
         self.proxy = ProxyResource(self._context(config))
         self.status = self._status_app(config, reactor, worker)
@@ -101,14 +104,23 @@ class Crossbar(MultiService):
             worker=worker,
             reloads=self.reloads,
             reload=self.reload_everywhere,
+            usage=self.usage,
         )
 
+    def startService(self) -> None:
+        if self.usage is not None:
+            self.usage.startService()
+        super().startService()
+
     def stopService(self) -> Deferred[Any]:
-        """Drain, then stop the poller, the pools and the listeners."""
+        """Drain, then stop the poller, the pools and the listeners; then write the last
+        batch of usage, every request's (stopped last: all of them have ended)."""
 
         async def stop() -> None:
             await self.drain()
             await MultiService.stopService(self)
+            if self.usage is not None:
+                await self.usage.stopService()
 
         return Deferred.fromCoroutine(stop())
 
@@ -179,6 +191,8 @@ class Crossbar(MultiService):
         take_config()
         self.config = self.status.config = config
         self.proxy.context = self._context(config)
+        if self.usage is not None:
+            self.usage.retention = config.usage_retention
 
     def _accept_once_polled(self, port: Any) -> Any:
         """A port shared with other processes (workers, an upgrade's old crossbar) takes
@@ -205,6 +219,14 @@ class Crossbar(MultiService):
     def _all_metrics(self, worker: WorkerInfo) -> Deferred[bytes]:
         own = self.metrics.render()
         return Deferred.fromCoroutine(gather_metrics(worker, own, self.hosts.client))
+
+
+def _usage_ledger(config: Config, reactor: Any, knows: Callable[[str], bool]) -> UsageLedger | None:
+    """The observer that keeps usage in ``usage_db``; ``None`` when it is off."""
+    if config.usage_db is None:
+        return None
+    store, thread = UsageStore(config.usage_db), OneThread(reactor)
+    return UsageLedger(store, config.usage_retention, reactor, thread, knows)
 
 
 def _said(result: Reloaded) -> Reloaded:

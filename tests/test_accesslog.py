@@ -3,9 +3,11 @@ record, and the record itself in the event for the JSON log."""
 
 from __future__ import annotations
 
+import attrs
 from twisted.logger import Logger, formatEvent
 
 from crossbar.fleet import RequestRecord
+from crossbar.logformat import _request
 from crossbar.server.access import access_line
 from crossbar.server.accesslog import AccessLog
 
@@ -52,3 +54,23 @@ def test_the_access_line_says_what_went_unusually() -> None:
     )
     odd = RequestRecord("-", None, 404, 0, path=b"/x\x00", cut_off=True, client_left=True)
     assert access_line(odd) == "- - - /x\\x00 404 0ms (answer cut off)"
+
+
+def test_the_access_line_says_who_asked_and_what_the_answer_reported() -> None:
+    """The usage fields of the JSON log, by the same names and rounded the same way,
+    each only where known."""
+    used = attrs.evolve(
+        RECORD, key="alice", prompt_tokens=1200, cached_tokens=1024, generated_tokens=85,
+        first_token=0.3124, tokens_per_second=41.26,
+    )  # fmt: skip
+    assert access_line(used) == (
+        "lab gpu-a POST /v1/chat/completions 200 500ms key=alice prompt_tokens=1200"
+        " cached_tokens=1024 completion_tokens=85 ttft_ms=312 tok_s=41.3"
+    )
+    some = attrs.evolve(RECORD, generated_tokens=7, client_left=True)
+    assert access_line(some) == (
+        "lab gpu-a POST /v1/chat/completions 200 500ms completion_tokens=7 (client left)"
+    )
+    json_fields = _request(used, "m")
+    for field in ("prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tok_s"):
+        assert f" {field}={json_fields[field]}" in access_line(used)

@@ -213,6 +213,12 @@ FIXED_CHANGES = [
         "status_listen changed from tcp:9090 to tcp:9091:interface=127.0.0.1",
     ),
     ({}, {"log_format": "json"}, "log_format", "log_format changed from text to json"),
+    (
+        {"usage_db": "off"},
+        {"usage_db": "/var/lib/crossbar/usage.sqlite3"},
+        "usage_db",
+        "usage_db changed from none to /var/lib/crossbar/usage.sqlite3",
+    ),
 ]
 
 

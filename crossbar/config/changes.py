@@ -12,9 +12,9 @@ import attrs
 from crossbar.config.fields import shown_listen
 from crossbar.config.model import Config, HostConfig
 
-FIXED = ("listen", "listen_reuse_port", "workers", "status_listen", "log_format")
-"""Keys a reload cannot apply: ports are open and processes and the log observer are
-set up once, at start. A change to one is said and the old value kept."""
+FIXED = ("listen", "listen_reuse_port", "workers", "status_listen", "log_format", "usage_db")
+"""Keys a reload cannot apply: ports are open and processes, the log observer and the
+usage store are set up once, at start. A change to one is said and the old value kept."""
 
 
 @attrs.frozen
@@ -56,7 +56,14 @@ class Changes:
         return "; ".join(parts) if parts else "nothing changed"
 
 
-_TOP_LEVEL = ("defaults", "limits", "status_keys", "drain_timeout", "trusted_proxies")
+_TOP_LEVEL = (
+    "defaults",
+    "limits",
+    "status_keys",
+    "drain_timeout",
+    "trusted_proxies",
+    "usage_retention",
+)
 """Top-level keys that a reload applies and names when they change (``api_keys`` live
 in the routes, whose change is named with them)."""
 

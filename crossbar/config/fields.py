@@ -4,14 +4,17 @@ returns the checked value, or raises ``ValueError`` whose text names the problem
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crossbar.config.model import MEMORY_DB
 from crossbar.config.secrets import mask_url, shown_url
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TCP = re.compile(r"tcp:(?:port=)?(\d+)((?::[a-z]+=(?:\\.|[^:\\])*)*)")
 r"""A plain TCP endpoint; option values may hold colons escaped as Twisted writes them
 (``interface=\:\:1``)."""
@@ -22,7 +25,8 @@ agents connecting at once wait a second for the kernel to retry."""
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"`` or a number; must be > 0."""
+    """Seconds from ``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"``, ``"90d"`` or a number;
+    must be > 0."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
@@ -30,7 +34,7 @@ def parse_duration(value: object) -> float:
     elif isinstance(value, str):
         match = _DURATION.fullmatch(value.strip())
         if match is None:
-            raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 5s, 2m, 1h)")
+            raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 5s, 2m, 1h, 90d)")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     else:
         raise ValueError(f"not a duration: {value!r}")
@@ -136,6 +140,39 @@ def parse_networks(value: object) -> tuple[ipaddress.IPv4Network | ipaddress.IPv
         except ValueError:
             raise ValueError(f"item {i}: not an address or CIDR block: {item!r}") from None
     return tuple(networks)
+
+
+def parse_usage_db(value: object, base: Path | None) -> str | None:
+    """``usage_db``: a file (relative to ``base``, the config's folder), ``":memory:"``,
+    or ``off`` (``None``; YAML reads an unquoted ``off`` as false). The file need not
+    exist; one that cannot be used is said at start, and crossbar serves without it."""
+    if value is False or value == "off":
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a file's path or off, not {_kind(value)}")
+    if value == MEMORY_DB:
+        return value
+    if "\0" in value:
+        raise ValueError("must not hold a NUL character")
+    try:
+        path = Path(value).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        os.fsencode(path)
+        folder = path.is_dir()
+    except (OSError, RuntimeError, ValueError) as e:  # no such home, too long, not encodable
+        raise ValueError(f"cannot be a file's path: {e}") from None
+    if folder:
+        raise ValueError(f"{path} is a folder, not a file")
+    return str(path)
+
+
+def parse_retention(value: object) -> float:
+    """``usage_retention``: a duration of at least an hour (pruning runs hourly)."""
+    seconds = parse_duration(value)
+    if seconds < 3600:
+        raise ValueError(f"must be at least 1h, not {value!r}")
+    return seconds
 
 
 def parse_optional_duration(value: object) -> float | None:

@@ -22,8 +22,10 @@ from crossbar.config.fields import (
     parse_flag,
     parse_listen,
     parse_networks,
+    parse_retention,
     parse_size,
     parse_url,
+    parse_usage_db,
     parse_workers,
     tcp_address,
 )
@@ -65,6 +67,7 @@ _LIMIT_PARSERS: dict[str, Any] = {
 _TOP_KEYS = (
     {"listen", "workers", "hosts", "routes", "api_keys", "status_keys", "status_listen"}
     | {"trusted_proxies", "drain_timeout", "log_format", "listen_reuse_port"}
+    | {"usage_db", "usage_retention"}
     | set(_LIMIT_PARSERS)
     | SETTING_KEYS
 )
@@ -242,7 +245,18 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
             model_.LogFormat,
             r.one_of("log_format", top.get("log_format", "text"), model_.LOG_FORMATS),
         ),
+        usage_db=_usage_db(r, top),
+        usage_retention=r.convert(
+            "usage_retention", parse_retention, top.get("usage_retention", 90 * 86400.0)
+        ),
     )
+
+
+def _usage_db(r: _Reader, top: dict[str, Any]) -> str | None:
+    """Missing: a file beside the config file, or none for a config with no file."""
+    if "usage_db" not in top:
+        return None if r.base is None else str(r.base / model_.USAGE_DB_FILE)
+    return r.convert("usage_db", lambda v: parse_usage_db(v, r.base), top["usage_db"])  # type: ignore[no-any-return]
 
 
 def _entries(

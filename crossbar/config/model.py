@@ -25,6 +25,10 @@ LogFormat = Literal["text", "json"]
 LIST_MODELS: tuple[str, ...] = get_args(ListModels)
 POLICIES: tuple[str, ...] = get_args(Policy)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+USAGE_DB_FILE = "crossbar-usage.sqlite3"
+"""``usage_db``'s default: this file beside the config file."""
+MEMORY_DB = ":memory:"
+"""``usage_db: ":memory:"``: kept in memory, for a demo or a trial (SQLite's own name)."""
 DEMO_SOURCE = "(demo)"
 """The ``source`` of the config ``--demo`` makes: no file, a simulated fleet."""
 WHEN_ALL_DOWN: tuple[str, ...] = get_args(WhenAllDown)
@@ -163,6 +167,11 @@ class Config:
     """crossbar's own log lines as text for people, or one JSON object each for machines."""
     trusted_proxies: tuple[Network, ...] = ()
     """Peers whose ``X-Forwarded-For`` is extended; anyone else's is replaced."""
+    usage_db: str | None = None
+    """The SQLite file usage is kept in, across restarts (:data:`MEMORY_DB`: in memory,
+    lost at exit); ``None``: not kept. A config file's default is a file beside it."""
+    usage_retention: float = 90 * 86400.0
+    """Seconds usage is kept in ``usage_db`` before it is pruned."""
     settings: Mapping[str, HostSettings] = attrs.field(
         init=False, default=attrs.Factory(_resolve, takes_self=True), eq=False
     )

@@ -34,6 +34,8 @@ def effective(config: Config) -> dict[str, Any]:
         "trusted_proxies": [str(network) for network in config.trusted_proxies],
         "drain_timeout": config.drain_timeout,
         "log_format": config.log_format,
+        "usage_db": config.usage_db or False,  # false: off, as crossbar.yaml writes it
+        "usage_retention": config.usage_retention,
         **_limits(config.limits),
         **_settings(config.defaults),
         "hosts": {name: _host(host, config.settings[name]) for name, host in config.hosts.items()},

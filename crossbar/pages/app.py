@@ -42,7 +42,10 @@ from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
 from crossbar.pages.times import rfc3339
+from crossbar.pages.usagepage import answer as usage_answer
+from crossbar.pages.usagepanel import UsagePanel
 from crossbar.pages.waiting import waiting_by_route
+from crossbar.usage.ledger import UsageLedger
 
 
 class StatusApp:
@@ -64,6 +67,7 @@ class StatusApp:
         reloads: Reloads | None = None,
         reload: Callable[[], Reloaded] | None = None,
         hourly: HourlyTraffic | None = None,
+        usage: UsageLedger | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -82,6 +86,9 @@ class StatusApp:
         self.reloads = reloads
         self.reload = reload
         """Reloads the config (``None``: there is no file to read, as in a demo)."""
+        self.usage = usage
+        """Usage kept across restarts; ``None``: ``usage_db`` is off."""
+        self.usage_panel = UsagePanel(usage, clock)
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -180,6 +187,7 @@ class StatusApp:
             reloads=self.reloads,
             waiting=waiting_by_route(self.traffic, self.clock.seconds()),
             hourly={} if self.hourly is None else self.hourly.hosts(),
+            usage_totals=self.usage_panel.current(),
         )
 
     @app.route("/status", methods=["GET"])
@@ -228,6 +236,11 @@ class StatusApp:
         code, answer = await relay_reload(worker)
         request.setResponseCode(code)
         return _json(request, answer)
+
+    @app.route("/usage", methods=["GET"])
+    def usage_sums(self, request: IRequest) -> Deferred[bytes]:
+        """Usage kept in ``usage_db``, summed (see :mod:`crossbar.pages.usagepage`)."""
+        return Deferred.fromCoroutine(usage_answer(request, self.usage, self.clock))
 
     @app.route("/livez", methods=["GET"])
     def livez(self, request: IRequest) -> bytes:

@@ -24,6 +24,7 @@ from crossbar.pages.charts import CHART_STYLE
 from crossbar.pages.hostusage import HostUsage
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
+from crossbar.pages.usagepanel import UsageView, usage_tables
 
 REFRESH_SECONDS = 5
 PAGE_MODELS = 20
@@ -139,8 +140,10 @@ data-label="Default model"><t:slot name="model" /></td><td
 data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
 </tbody>
 </table>
+<t:transparent t:render="usage_tables" />
 <p class="muted">Also: <a href="status">status (JSON)</a> \u00b7 <a href="metrics">metrics</a>
-\u00b7 <a href="readyz">readyz</a> \u00b7 <a href="livez">livez</a></p>
+\u00b7 <a href="usage">usage (JSON)</a> \u00b7 <a href="readyz">readyz</a> \u00b7 <a
+href="livez">livez</a></p>
 </body>
 </html>
 """
@@ -230,6 +233,8 @@ class StatusPage(Element):
     """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
     hourly: Mapping[str, HostHour] = attrs.field(kw_only=True, factory=dict)
     """Each host's last hour, a minute at a time, for the charts."""
+    usage_totals: UsageView = attrs.field(kw_only=True, default="usage_db is off")
+    """Each key's and route's tokens of today and this week (:mod:`.usagepanel`)."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -274,6 +279,10 @@ class StatusPage(Element):
     def demo(self, request: IRequest | None, tag: Tag) -> Flattenable:
         """The banner, on a demo only: nobody should take its answers for a model's."""
         return tag if self.config.source == DEMO_SOURCE else ""
+
+    @renderer
+    def usage_tables(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        return usage_tables(self.usage_totals)
 
     @renderer
     def summary(self, request: IRequest | None, tag: Tag) -> Flattenable:

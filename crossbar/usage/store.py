@@ -1,0 +1,153 @@
+"""The SQLite file usage is kept in: its schema, batch writes, pruning and queries.
+
+Blocking code, for one thread of its own (:class:`crossbar.usage.thread.OneThread`),
+never the reactor's. Several processes (``workers: N``) share one file: it is in WAL
+mode (readers never wait for the writer), a writer that finds the file locked waits up
+to :data:`BUSY_SECONDS`, and a batch *adds* to the rows it meets
+(``ON CONFLICT DO UPDATE SET n = n + excluded.n``), so two workers' minutes of the same
+route, host, model and key sum instead of one replacing the other.
+
+It holds names only: of routes, hosts, models (those a host lists, else ``other``) and
+keys (a key's configured name, or a fingerprint that cannot be turned back into it).
+Never a key, never a request or an answer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crossbar.usage.sums import COUNTS, Place, Sums
+
+BUSY_SECONDS = 10.0
+"""How long a write waits for another process's to end before it fails (and is tried
+again with the next batch)."""
+GROUPS = ("route", "host", "model", "key")
+"""What a query may group by: the names of the columns a row is placed by."""
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS usage_minutes (
+    minute INTEGER NOT NULL,
+    route TEXT NOT NULL,
+    host TEXT NOT NULL,
+    model TEXT NOT NULL,
+    key TEXT NOT NULL,
+    {", ".join(f"{name} {'REAL' if name.endswith(('seconds', 'sum')) else 'INTEGER'} NOT NULL"
+               for name in COUNTS)},
+    PRIMARY KEY (minute, route, host, model, key)
+) WITHOUT ROWID
+"""  # fmt: skip
+_INSERT = (
+    f"INSERT INTO usage_minutes VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in COUNTS)})"
+    " ON CONFLICT (minute, route, host, model, key) DO UPDATE SET "
+    + ", ".join(f"{name} = {name} + excluded.{name}" for name in COUNTS)
+)
+
+
+class UsageStore:
+    """One connection to one file (or ``":memory:"``), opened by :meth:`open`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+
+    def open(self) -> None:
+        """Open the file, creating it and its table if need be, and check that it can
+        be written now: a corrupt file, or one that cannot be written, raises
+        ``sqlite3.Error`` (or ``OSError``) here rather than at the first batch.
+
+        Workers start together: switching a new file to WAL mode does not wait for the
+        lock another worker holds while it does the same, so a busy file is tried again
+        (on this thread of its own) for up to :data:`BUSY_SECONDS`."""
+        deadline = time.monotonic() + BUSY_SECONDS
+        while True:
+            try:
+                self._open()
+                return
+            except sqlite3.OperationalError as e:
+                busy = e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.02)
+
+    def _open(self) -> None:
+        db = sqlite3.connect(
+            self.path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False
+        )
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut may lose the last batch
+            db.execute(SCHEMA)
+            db.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only file
+            db.execute("ROLLBACK")
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.ProgrammingError("the usage store is not open")
+        return self._db
+
+    def add(self, rows: Mapping[Place, Sums]) -> None:
+        """Add a batch of rows to those kept, in one transaction: all or none."""
+        db = self._connection
+        with _transaction(db):
+            db.executemany(_INSERT, [(*place, *sums) for place, sums in rows.items()])
+
+    def prune(self, before: float) -> int:
+        """Forget the minutes that began before ``before``; how many rows went."""
+        db = self._connection
+        with _transaction(db):
+            return db.execute("DELETE FROM usage_minutes WHERE minute < ?", (before,)).rowcount
+
+    def query(self, since: float, until: float, by: Sequence[str]) -> list[dict[str, Any]]:
+        """The sums of the minutes that began in ``[since, until)``, one dict a group of
+        ``by`` (names of :data:`GROUPS`), ordered by it; plain sums, as :data:`COUNTS`
+        names them."""
+        if not set(by) <= set(GROUPS):
+            raise ValueError(f"cannot group by {by!r}")
+        columns = ", ".join(by)
+        sums = ", ".join(f"SUM({name})" for name in COUNTS)
+        sql = f"SELECT {columns}{', ' if by else ''}{sums} FROM usage_minutes"
+        sql += " WHERE minute >= ? AND minute < ?"
+        if by:
+            sql += f" GROUP BY {columns} ORDER BY {columns}"
+        found = []
+        for row in self._connection.execute(sql, (since, until)):
+            if row[len(by)] is None:  # no rows at all: SUM of nothing
+                continue
+            found.append(dict(zip((*by, *COUNTS), row, strict=True)))
+        return found
+
+
+class _transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any error: the write lock
+    is taken up front, so a busy file is waited for at the start, not half-way."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, value: object, traceback: object) -> None:
+        db = self._db
+        if kind is None:
+            try:
+                db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                if db.in_transaction:  # the next batch must find none open
+                    db.execute("ROLLBACK")
+                raise
+        if db.in_transaction:
+            db.execute("ROLLBACK")

@@ -1,0 +1,114 @@
+"""Per-minute sums of finished requests, folded in memory until they are written.
+
+A row is one minute of one (route, host, model, key): requests, errors, tokens, and the
+sums and counts the mean time to first token and mean generation speed are made of (a
+mean cannot be added up across batches, workers or minutes; its sum and count can).
+Pure values, no I/O: :mod:`crossbar.usage.ledger` writes them, :mod:`.store` keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from crossbar.fleet.record import OTHER_MODEL, RequestRecord
+
+Place = tuple[int, str, str, str, str]
+"""``(minute, route, host, model, key)``: the minute as epoch seconds at its start;
+``-`` for a request that reached no host or asked for no model."""
+
+COUNTS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "first_token_n",
+    "first_token_seconds",
+    "speed_n",
+    "speed_sum",
+)
+"""A row's sums, in order: what the store's columns are named and the order of
+:data:`Sums`. ``errors``: answers of status 500 or more."""
+Sums = list[float]
+
+
+def _known(model: str) -> bool:
+    return True
+
+
+class MinuteSums:
+    """Rows by :data:`Place`, each added to as requests end.
+
+    ``knows`` says whether a host lists a model: one none lists is summed as ``other``,
+    as the metrics and the JSON log name it, so that a client cannot fill the store with
+    names of its choosing. Past ``most`` rows, a request of a new row is left out and
+    counted in :attr:`dropped`: rows pile up only while they cannot be written.
+    """
+
+    def __init__(self, knows: Callable[[str], bool] = _known, most: int = 20_000) -> None:
+        self.rows: dict[Place, Sums] = {}
+        self.most = most
+        self.dropped = 0
+        """Requests left out since the rows were last full: what a stuck store cost."""
+        self._knows = knows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, record: RequestRecord, now: float) -> None:
+        """One request that ended at ``now``. Without keys, usage goes to the route. One
+        refused at the door (401, 413...) used nothing, and is not counted: a stranger's
+        requests do not fill the store."""
+        if record.refused:
+            return
+        model = record.model
+        if model is None:
+            model = "-"
+        elif not self._knows(model):
+            model = OTHER_MODEL
+        place = (
+            int(now // 60) * 60,
+            record.route,
+            record.host or "-",
+            model,
+            record.key or record.route,
+        )
+        sums = self.rows.get(place)
+        if sums is None:
+            if len(self.rows) >= self.most:
+                self.dropped += 1
+                return
+            sums = self.rows[place] = [0] * len(COUNTS)
+        sums[0] += 1
+        if record.status >= 500:
+            sums[1] += 1
+        sums[2] += record.prompt_tokens or 0
+        sums[3] += record.cached_tokens or 0
+        sums[4] += record.generated_tokens or 0
+        first, speed = record.first_token, record.tokens_per_second
+        if first is not None and 0 <= first < math.inf:
+            sums[5] += 1
+            sums[6] += first
+        if speed is not None and 0 <= speed < math.inf:
+            sums[7] += 1
+            sums[8] += speed
+
+    def take(self) -> dict[Place, Sums]:
+        """Every row, to be written; none are left."""
+        rows, self.rows = self.rows, {}
+        return rows
+
+    def put_back(self, rows: Mapping[Place, Sums]) -> None:
+        """Rows that could not be written, added to those since, as far as room allows;
+        the requests of rows left out are counted in :attr:`dropped`."""
+        mine = self.rows
+        for place, sums in rows.items():
+            have = mine.get(place)
+            if have is not None:
+                for i, value in enumerate(sums):
+                    have[i] += value
+            elif len(mine) < self.most:
+                mine[place] = list(sums)
+            else:
+                self.dropped += int(sums[0])

@@ -1,0 +1,130 @@
+"""crossbar.usage.store: the SQLite file, shared by workers, pruned, queried; a bad file
+refused when it is opened."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from crossbar.usage.store import GROUPS, UsageStore
+from crossbar.usage.sums import COUNTS
+
+ROW = [1, 0, 100, 60, 20, 1, 0.5, 1, 40.0]
+
+
+def opened(path: Path | str) -> UsageStore:
+    store = UsageStore(str(path))
+    store.open()
+    return store
+
+
+def test_two_connections_add_to_the_same_rows(tmp_path: Path) -> None:
+    """Two workers write the same minute of the same place: the sums add, none replaces
+    the other, and each sees both."""
+    a, b = opened(tmp_path / "u.sqlite3"), opened(tmp_path / "u.sqlite3")
+    a.add({(60, "lab", "gpu-a", "m", "alice"): ROW})
+    b.add({(60, "lab", "gpu-a", "m", "alice"): ROW, (60, "lab", "gpu-b", "m", "bob"): ROW})
+    [alice, bob] = a.query(0, 120, ["key"])
+    assert alice == {"key": "alice"} | dict(
+        zip(COUNTS, [2, 0, 200, 120, 40, 2, 1.0, 2, 80.0], strict=True)
+    )
+    assert bob["key"] == "bob"
+    assert bob["requests"] == 1
+    assert b.query(0, 120, ["host", "model"])[0]["host"] == "gpu-a"
+    a.close()
+    b.close()
+
+
+def test_a_query_takes_the_minutes_that_begin_in_its_span(tmp_path: Path) -> None:
+    store = opened(":memory:")
+    store.add({(minute, "lab", "gpu-a", "m", "alice"): ROW for minute in (0, 60, 120)})
+    assert [row["requests"] for row in store.query(60, 120, [])] == [1]
+    assert [row["requests"] for row in store.query(0, 180, [])] == [3]
+    assert store.query(180, 240, ["key"]) == []
+    assert store.query(180, 240, []) == []  # no sums of nothing
+    with pytest.raises(ValueError, match="cannot group by"):
+        store.query(0, 60, ["key; DROP TABLE usage_minutes"])
+    assert set(GROUPS) == {"route", "host", "model", "key"}
+
+
+def test_prune_forgets_the_old_minutes(tmp_path: Path) -> None:
+    store = opened(tmp_path / "u.sqlite3")
+    store.add({(minute, "lab", "gpu-a", "m", "alice"): ROW for minute in (0, 60, 120)})
+    assert store.prune(120) == 2
+    assert store.query(0, 1000, [])[0]["requests"] == 1
+
+
+def test_kept_across_a_restart_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "u.sqlite3"
+    store = opened(path)
+    store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})
+    store.close()
+    assert opened(path).query(0, 60, [])[0]["prompt_tokens"] == 100
+    mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_a_bad_file_fails_at_open(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.sqlite3"
+    corrupt.write_bytes(b"not a database, but long enough to look like one" * 100)
+    with pytest.raises(sqlite3.DatabaseError, match="file is not a database"):
+        opened(corrupt)
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        opened(tmp_path / "no-such-folder" / "u.sqlite3")
+    with pytest.raises(sqlite3.ProgrammingError, match="not open"):
+        UsageStore(str(tmp_path / "u")).add({})
+
+
+def test_a_write_waits_for_another_process_lock_then_goes_through(tmp_path: Path) -> None:
+    """``workers: N``: a file locked by another writer is waited for, not failed."""
+    path = tmp_path / "u.sqlite3"
+    store = opened(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    wrote = threading.Event()
+
+    def write() -> None:
+        store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})
+        wrote.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert not wrote.wait(0.3)  # held by the other's lock
+    other.execute("COMMIT")
+    assert wrote.wait(10)
+    writer.join()
+    assert store.query(0, 60, [])[0]["requests"] == 1
+
+
+def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
+    store = opened(":memory:")
+    with pytest.raises(sqlite3.Error):
+        store.add({(0, "lab", "gpu-a", "m", "alice"): ["x"] * 8})  # one value short
+    store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})  # the next batch goes through
+    assert store.query(0, 60, [])[0]["requests"] == 1
+
+
+def test_workers_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """Switching a new file to WAL does not wait for another's lock: seen failing one
+    start in twenty with four workers before it was tried again."""
+    failed: list[Exception] = []
+    for attempt in range(60):
+        path = tmp_path / f"u{attempt}.sqlite3"
+        together = threading.Barrier(4)
+
+        def open_it(path: Path = path, together: threading.Barrier = together) -> None:
+            together.wait()
+            try:
+                opened(path).close()
+            except Exception as e:
+                failed.append(e)
+
+        workers = [threading.Thread(target=open_it) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    assert failed == []
