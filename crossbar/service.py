@@ -3,8 +3,8 @@ one place, into one Twisted service.
 
 Data flows one way: the config names the hosts, the poller fills the health table, the
 proxy reads the table to choose a host and hands each request's record to its observers
-(metrics, the recent and hourly windows, the access log, the usage ledger), and the status pages read all
-of it. The one thing the pages change is the config: ``POST /_crossbar/reload`` calls
+(metrics, the recent and hourly windows, the access log, the usage ledger), and the status
+pages read all of it. The one thing the pages change is the config: ``POST /_crossbar/reload`` calls
 :meth:`Crossbar.reload_everywhere`.
 """
 
