@@ -12,10 +12,25 @@ from crossbar.demo import fleet_config
 from tests.test_config import MINIMAL, error_of, write
 
 
-def test_by_default_usage_is_kept_beside_the_config_for_90_days(tmp_path: Path) -> None:
+def test_by_default_usage_is_kept_beside_the_config_for_90_days(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     config = load_config(write(tmp_path, MINIMAL))
     assert config.usage_db == str(tmp_path / "crossbar-usage.sqlite3")
     assert config.usage_retention == 90 * 86400
+
+
+def test_under_systemd_usage_is_kept_in_the_units_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit's config folder is read-only; ``StateDirectory=crossbar`` is writable, and
+    systemd names it (the first, of several) in ``$STATE_DIRECTORY``."""
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/crossbar:/var/lib/other")
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.usage_db == "/var/lib/crossbar/crossbar-usage.sqlite3"
+    written = load_config(write(tmp_path, MINIMAL + "usage_db: mine.db\n"))
+    assert written.usage_db == str(tmp_path / "mine.db")  # what the admin wrote wins
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,8 +254,13 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
 
 
 def _usage_db(r: _Reader, top: dict[str, Any]) -> str | None:
-    """Missing: a file beside the config file, or none for a config with no file."""
+    """Missing: a file in the state directory systemd gives the unit (``StateDirectory=``,
+    as ``$STATE_DIRECTORY``; the config's folder is read-only there), else beside the
+    config file, or none for a config with no file."""
     if "usage_db" not in top:
+        state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        if state and r.base is not None:
+            return str(Path(state) / model_.USAGE_DB_FILE)
         return None if r.base is None else str(r.base / model_.USAGE_DB_FILE)
     return r.convert("usage_db", lambda v: parse_usage_db(v, r.base), top["usage_db"])  # type: ignore[no-any-return]
 
