@@ -26,11 +26,10 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from crossbar.fleet.slottime import WINDOW_SECONDS, SlotTime, Usage
+
 T = TypeVar("T")
 
-WINDOW_SECONDS = 300
-"""How far back :meth:`FairQueue.shares` looks."""
-BUCKET_SECONDS = 30
 _RENORMALISE = 32.0
 """Half-lives after ``t0`` past which every ``v`` is rescaled (``2**32``: far from overflow)."""
 _FORGET_BELOW = 1e-3
@@ -119,8 +118,6 @@ class _FlowState:
     waiting: int = 0
     v: float = 0.0
     lanes: dict[Hashable, _Lane] = attrs.Factory(dict)
-    ticks: dict[int, float] = attrs.Factory(dict)
-    """Slot-seconds finished per bucket of :data:`BUCKET_SECONDS`, the window's only."""
 
 
 class FairQueue(Generic[T]):
@@ -138,7 +135,7 @@ class FairQueue(Generic[T]):
         self._deadlines: list[tuple[float, int, Waiting[T]]] = []
         self._waiting = 0
         self._seq = count()
-        self._ticks: dict[int, float] = {}
+        self._used = SlotTime()
 
     def push(
         self,
@@ -239,11 +236,7 @@ class FairQueue(Generic[T]):
         if seconds:
             t0 = self._t0 if self._t0 is not None else now
             state.v += seconds * math.exp2((now - t0) / self._half_life)
-            tick = int(now // BUCKET_SECONDS)
-            for ticks in (state.ticks, self._ticks):
-                ticks[tick] = ticks.get(tick, 0.0) + seconds
-                for old in [t for t in ticks if t <= tick - WINDOW_SECONDS // BUCKET_SECONDS]:
-                    del ticks[old]
+        self._used.add(flow.name, seconds, now)
         self._refresh(state)
         self._settle(state, now)
 
@@ -277,13 +270,12 @@ class FairQueue(Generic[T]):
 
     def shares(self, now: float) -> dict[str, float]:
         """Each remembered flow's share of the slot-seconds of requests that ended in
-        the last :data:`WINDOW_SECONDS` (to the bucket); flows with none are left out."""
-        low = int(now // BUCKET_SECONDS) - WINDOW_SECONDS // BUCKET_SECONDS
-        total = sum(s for t, s in self._ticks.items() if t > low)
-        if not total:
-            return {}
-        used = {n: sum(s for t, s in f.ticks.items() if t > low) for n, f in self._flows.items()}
-        return {name: seconds / total for name, seconds in used.items() if seconds}
+        the last five minutes (:mod:`crossbar.fleet.slottime`); flows with none left out."""
+        return self._used.shares(now)
+
+    def usage(self, now: float) -> dict[str, Usage]:
+        """As :meth:`shares`, with each flow's slot-seconds and requests."""
+        return self._used.usage(now)
 
     @property
     def remembered(self) -> int:
@@ -325,6 +317,7 @@ class FairQueue(Generic[T]):
             ):
                 break
             del self._flows[oldest.flow.name]
+            self._used.forget(oldest.flow.name)
             self._idle.popitem(last=False)
 
     def _take(self, waiting: Waiting[T], state: _FlowState, enter: bool = True) -> None:
