@@ -36,6 +36,7 @@ from crossbar.fleet import (
 )
 from crossbar.fleet.policies import Ask, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.flowshares import FlowShares
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
@@ -144,6 +145,7 @@ class StatusApp:
             "slot_shares": {
                 flow: round(part, 4) for flow, part in self.traffic.queue.shares(now).items()
             },
+            "flows": FlowShares.of(self.traffic.queue.usage(now)).to_json(),
         }
 
     def affinity(self) -> dict[str, RouteAffinity]:
@@ -173,6 +175,7 @@ class StatusApp:
             base=base_url(request),
             reloads=self.reloads,
             waiting=waiting_by_route(self.traffic, self.clock.seconds()),
+            shares=FlowShares.of(self.traffic.queue.usage(self.clock.seconds())),
         )
 
     @app.route("/status", methods=["GET"])

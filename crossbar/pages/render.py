@@ -20,6 +20,7 @@ from crossbar.config import DEMO_SOURCE, Config, RouteConfig
 from crossbar.config.changes import Reloads
 from crossbar.fleet import HostRecent, HostState, RouteAffinity, routes_down
 from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.flowshares import FlowShares, flows_section
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
 
@@ -136,6 +137,7 @@ data-label="Default model"><t:slot name="model" /></td><td
 data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
 </tbody>
 </table>
+<div t:render="flows" />
 <p class="muted">Also: <a href="status">status (JSON)</a> \u00b7 <a href="metrics">metrics</a>
 \u00b7 <a href="readyz">readyz</a> \u00b7 <a href="livez">livez</a></p>
 </body>
@@ -225,6 +227,8 @@ class StatusPage(Element):
     reloads: Reloads | None = attrs.field(kw_only=True, default=None)
     waiting: Mapping[str, Mapping[str, Any]] = attrs.field(kw_only=True, factory=dict)
     """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
+    shares: FlowShares = attrs.field(kw_only=True, factory=lambda: FlowShares.of({}))
+    """Each flow's share of the slots over the last five minutes."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -278,6 +282,10 @@ class StatusPage(Element):
                 tags.span("not ready", class_="mark down"), " no healthy host for: ", _names(down)
             )
         return tag(tags.span("ready", class_="mark up"), " every route has a healthy host")
+
+    @renderer
+    def flows(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        return flows_section(self.shares, tag)
 
     @renderer
     def host(self, request: IRequest | None, tag: Tag) -> Flattenable:
