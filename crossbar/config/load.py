@@ -50,6 +50,7 @@ _ROUTE_KEYS = {
     "queue",
     "max_waiting",
     "wait_timeout",
+    "home_wait",
 }
 _HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
@@ -336,7 +337,27 @@ def _route(
         r.convert(f"{key}.queue", parse_flag, body.get("queue", True)),
         r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
+        _home_wait(r, key, body, policy),
     )
+
+
+MAX_HOME_WAIT = 60.0
+"""Longest ``home_wait``: a short wait for a turn's own host, never a second queue."""
+
+
+def _home_wait(r: _Reader, key: str, body: dict[str, Any], policy: str) -> float:
+    where = f"{key}.home_wait"
+    if "home_wait" not in body:
+        return model_.HOME_WAIT
+    if policy != "cache_affinity":
+        raise r.fail(where, "is only for policy cache_affinity")
+    value = body["home_wait"]
+    if value in (0, "0") or value == "0s":
+        return 0.0
+    seconds: float = r.convert(where, parse_duration, value)
+    if seconds > MAX_HOME_WAIT:
+        raise r.fail(where, f"must be at most {MAX_HOME_WAIT:.0f}s, not {value!r}")
+    return seconds
 
 
 def _max_load(r: _Reader, key: str, body: dict[str, Any], policy: str) -> float:

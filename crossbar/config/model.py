@@ -79,6 +79,10 @@ class HostConfig:
     keeps the conversations it holds within what its slots can keep cached."""
 
 
+HOME_WAIT = 0.5
+"""The default ``home_wait``: see docs/configuration for why (measured, issue 24)."""
+
+
 @attrs.frozen
 class RouteConfig:
     name: str
@@ -101,6 +105,10 @@ class RouteConfig:
     """Requests of this route waiting in crossbar at once; more are answered 429."""
     wait_timeout: float = 120.0
     """Seconds a request may wait in crossbar for a slot; then it is answered 429."""
+    home_wait: float = HOME_WAIT
+    """``cache_affinity``: seconds a turn whose host (where its conversation's prompt is
+    cached) has every slot busy waits for a slot there before it takes another host's
+    (0: never waits for it). Moving prefills the whole conversation again."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

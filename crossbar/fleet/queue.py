@@ -145,9 +145,11 @@ class FairQueue(Generic[T]):
         now: float,
         deadline: float | None = None,
         pool_limit: PoolLimit | None = None,
+        arrived: float | None = None,
     ) -> Waiting[T] | Refused:
         """Queue ``item`` in ``pool``, or say in words why not (429): the flow or the
-        pool already has as many waiting as it may. Never raises."""
+        pool already has as many waiting as it may. Never raises. ``arrived``: when it
+        began waiting, when before ``now`` (moved from another pool)."""
         state, found, refused = self._state(flow, now), self._pools.get(pool), None
         if flow.max_waiting is not None and state.waiting >= flow.max_waiting:
             oldest = min((lane.line[0].arrived for lane in state.lanes.values()), default=now)
@@ -159,7 +161,8 @@ class FairQueue(Generic[T]):
             return refused
         box = found if found is not None else self._pools.setdefault(pool, _Pool())
         deadline = deadline if deadline is not None and math.isfinite(deadline) else None
-        waiting: Waiting[T] = Waiting(item, flow, pool, now, deadline, next(self._seq))
+        since = now if arrived is None else arrived
+        waiting: Waiting[T] = Waiting(item, flow, pool, since, deadline, next(self._seq))
         lane = state.lanes.get(pool)
         if lane is None:
             lane = state.lanes[pool] = box.lanes[flow.name] = _Lane()
