@@ -79,8 +79,9 @@ class HostConfig:
     keeps the conversations it holds within what its slots can keep cached."""
 
 
-HOME_WAIT = 0.5
-"""The default ``home_wait``: see docs/configuration for why (measured, issue 24)."""
+HOME_WAIT = 5.0
+"""The default ``home_wait``: a move costs the prefill of the whole conversation, seconds
+for an agent's; a busy host frees a slot within a few (``benchmarks/home_wait.py``)."""
 
 
 @attrs.frozen
@@ -108,7 +109,7 @@ class RouteConfig:
     home_wait: float = HOME_WAIT
     """``cache_affinity``: seconds a turn whose host (where its conversation's prompt is
     cached) has every slot busy waits for a slot there before it takes another host's
-    (0: never waits for it). Moving prefills the whole conversation again."""
+    (0: sent on at once, as before). Moving prefills the whole conversation again."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:
