@@ -26,7 +26,10 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from crossbar.fleet.flows import Flow, PoolLimit, Refused, refusal
 from crossbar.fleet.slottime import WINDOW_SECONDS, SlotTime, Usage
+
+__all__ = ["FairQueue", "Flow", "PoolLimit", "Refused", "Waiting"]
 
 T = TypeVar("T")
 
@@ -35,43 +38,6 @@ _RENORMALISE = 32.0
 _FORGET_BELOW = 1e-3
 """Decayed slot-seconds below which an idle flow is as good as new and is forgotten."""
 _SLACK = 16  # stale entries a heap or line may hold beyond as many as its live ones
-
-
-def _optional_ge(low: int) -> Any:
-    return attrs.validators.optional(attrs.validators.ge(low))
-
-
-@attrs.frozen
-class Flow:
-    """One client, as the caller names it: a key's name or an address, never a key."""
-
-    name: str
-    band: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    """Priority band, 0 first: a band goes only when no lower one has anyone waiting."""
-    max_in_flight: int | None = attrs.field(default=None, validator=_optional_ge(1))
-    """Past this many running, the flow is passed over until one of them ends."""
-    max_waiting: int | None = attrs.field(default=None, validator=_optional_ge(0))
-    """Past this many waiting (in all pools), another is refused."""
-
-
-@attrs.frozen
-class PoolLimit:
-    """How many may wait in one pool, and the name a refusal gives it (e.g. the route)."""
-
-    name: str
-    max_waiting: int = attrs.field(validator=attrs.validators.ge(0))
-
-
-@attrs.frozen
-class Refused:
-    """Why :meth:`FairQueue.push` turned a request away: the status, the error in words
-    for the client's JSON, and seconds to wait before trying again (``Retry-After``)."""
-
-    status: int
-    error: str
-    retry_after: int
-    reason: str = "limit"
-    """Why, in one word for a metric's label: ``limit``, ``timeout`` or ``stopping``."""
 
 
 @attrs.define(eq=False)
@@ -153,9 +119,9 @@ class FairQueue(Generic[T]):
         state, found, refused = self._state(flow, now), self._pools.get(pool), None
         if flow.max_waiting is not None and state.waiting >= flow.max_waiting:
             oldest = min((lane.line[0].arrived for lane in state.lanes.values()), default=now)
-            refused = _refused(flow.name, flow.max_waiting, now - oldest)
+            refused = refusal(flow.name, flow.max_waiting, now - oldest)
         elif pool_limit is not None and (found.live if found else 0) >= pool_limit.max_waiting:
-            refused = _refused(pool_limit.name, pool_limit.max_waiting, self._age(found, now))
+            refused = refusal(pool_limit.name, pool_limit.max_waiting, self._age(found, now))
         if refused is not None:
             self._settle(state, now)
             return refused
@@ -389,10 +355,3 @@ class FairQueue(Generic[T]):
         while box is not None and not box.order[0].live:
             box.order.popleft()
         return now - box.order[0].arrived if box is not None else 0.0
-
-
-def _refused(name: str, limit: int, waited: float) -> Refused:
-    """A 429 in words; retry after about as long as the oldest of those waiting has
-    waited (roughly how long the queue takes to turn over), 1 s to 5 min."""
-    words = f"{limit} requests already waiting" if limit else "every slot is busy, none may wait"
-    return Refused(429, f"{name}: {words}", min(WINDOW_SECONDS, max(1, math.ceil(waited))))
