@@ -10,21 +10,21 @@ from typing import Any
 from crossbar.config import parse_config
 from crossbar.fleet.rendezvous import rendezvous
 from crossbar.server.shapes import read_conversation
+from crossbar.server.waiting import KEEP
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 ALICE, BOB = "a" * 24, "b" * 24
 
 
-def proxy(slots: int | None = 1, **route: Any) -> MemoryProxy:
+def proxy(slots: int | None = 1, keys: list[Any] | None = None, **route: Any) -> MemoryProxy:
     def host(port: int) -> Any:
         url = f"http://127.0.0.1:{port}"
         return url if slots is None else {"url": url, "slots": slots}
 
-    keys = [
-        {"name": "alice", "key": ALICE, "max_waiting": 2},
-        {"name": "bob", "key": BOB, "priority": "interactive"},
-    ]
+    keys = [{"name": "alice", "key": ALICE, "max_waiting": 2}] + (
+        keys if keys is not None else [{"name": "bob", "key": BOB, "priority": "interactive"}]
+    )
     config = parse_config(
         {
             "hosts": {"gpu-a": host(18081), "gpu-b": host(18082)},
@@ -120,6 +120,7 @@ def test_the_higher_band_goes_first_when_a_slot_frees() -> None:
     assert b"Bearer" not in a.received  # a key for crossbar is never one for a host
     answer(a)
     assert memory.records[-1].waited is not None
+    memory.clock.advance(KEEP)  # bob's slot, kept for bob's next request, which never came
     assert memory.traffic.queue.flow("alice")[0] == 0  # and then alice's
 
 
@@ -164,6 +165,52 @@ def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them()
         assert head.startswith(b"HTTP/1.1 503")
         assert json.loads(body) == {"error": "crossbar is stopping"}
     assert memory.traffic.queue.waiting() == 0
+
+
+# -- a slot is kept a moment for the flow that just freed it --------------------------------
+
+
+def alice_waits_and_bob_s_request_ends() -> tuple[MemoryProxy, HostLine]:
+    """alice and bob (the same band here) each have a request on a host of one slot,
+    alice two more waiting; then bob's ends: bob has nothing running or waiting, so he
+    would go first. Returns bob's host."""
+    memory = proxy(keys=[{"name": "bob", "key": BOB}])
+    ask(memory, ALICE)
+    memory.accept()
+    ask(memory, BOB)
+    bobs = memory.accept()
+    ask(memory, ALICE), ask(memory, ALICE)
+    assert memory.traffic.queue.flow("alice") == (2, 1)
+    answer(bobs)
+    return memory, bobs
+
+
+def test_a_slot_is_kept_a_moment_for_the_next_request_of_the_flow_that_freed_it() -> None:
+    memory, bobs = alice_waits_and_bob_s_request_ends()
+    assert asked(bobs) == 1  # not given to alice's at once
+    memory.clock.advance(KEEP / 2)
+    ask(memory, BOB)  # bob's next request, a moment later: it takes the slot
+    memory.clock.advance(0)
+    assert asked(bobs) == 2 and memory.traffic.queue.flow("alice") == (2, 1)
+    answer(bobs)
+    assert memory.records[-1].waited is not None and memory.records[-1].waited < KEEP
+
+
+def test_a_kept_slot_goes_to_the_queue_when_the_flow_does_not_come_back() -> None:
+    memory, bobs = alice_waits_and_bob_s_request_ends()
+    memory.clock.advance(KEEP * 0.9)
+    assert asked(bobs) == 1
+    memory.clock.advance(KEEP * 0.1)
+    assert asked(bobs) == 2 and memory.traffic.queue.flow("alice") == (1, 2)
+
+
+def test_a_flow_with_more_running_gets_no_slot_kept() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)  # alice on both hosts
+    a, _ = memory.accept(), memory.accept()
+    ask(memory, BOB)  # bob waits
+    answer(a)  # alice still has one running: the slot goes to bob at once
+    assert asked(a) == 2 and memory.traffic.queue.waiting() == 0
 
 
 # -- a cache_affinity turn waits for its own host, a while ------------------------------------

@@ -209,6 +209,22 @@ class FairQueue(Generic[T]):
         self._refresh(state)
         self._settle(state, now)
 
+    def first(self, name: str, pools: Iterable[Hashable]) -> bool:
+        """Whether flow ``name``, were it to ask now, would go before every request
+        waiting in ``pools`` (and is below its ``max_in_flight``)."""
+        state = self._flows.get(name)
+        limit = state.flow.max_in_flight if state is not None else None
+        if state is None or (limit is not None and state.in_flight >= limit):
+            return False
+        key = (state.flow.band, state.in_flight, state.v)
+        for pool in pools:
+            heap = self._pools[pool].heap if pool in self._pools else []
+            while heap and heap[0] is not heap[0][-1].entry:
+                heapq.heappop(heap)
+            if heap and heap[0][:3] <= key:
+                return False
+        return True
+
     def waiting(self, pool: Hashable | None = None) -> int:
         """Requests waiting in ``pool``, or in all pools."""
         if pool is None:

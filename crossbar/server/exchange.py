@@ -378,9 +378,10 @@ class Exchange:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
+        if self.flow is not None and self.proxy.waits is not None:  # first: the slot frees next
+            took = self.proxy.clock.seconds() - self._sent
+            self.proxy.waits.finished(self.flow, took, self._counted)
         self._count(None)
-        if self.flow is not None and self.proxy.waits is not None:
-            self.proxy.waits.finished(self.flow, self.proxy.clock.seconds() - self._sent)
         self.proxy.observer.request_done(self.record())
 
     @property

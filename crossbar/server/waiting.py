@@ -32,6 +32,12 @@ from crossbar.server.keys import offered
 
 TICK = 1.0
 """Seconds between two looks at what waits (time-outs, hosts come back) while any does."""
+KEEP = 0.025
+"""Seconds a slot stays kept for the flow whose request just ended in it, when that flow
+has nothing else running or waiting and would be served first: its next request takes
+it, rather than finding it given away a moment before it came (then waiting for a whole
+answer to end). Measured on the simulator with the queue full: a light flow's next
+request came 4.5 ms (p50) and 17.6 ms (p95) after its last ended."""
 BANDS = {"interactive": 0, "normal": 1, "batch": 2}
 
 
@@ -58,6 +64,10 @@ class Waits:
         """Every request waiting now, by its number (a stop answers them all)."""
         self._homing: dict[int, IDelayedCall] = {}
         """The end of each ``cache_affinity`` turn's wait for its own host, by its number."""
+        self._ending: tuple[str, str] | None = None
+        """The flow and host of the request that ended last, until its slot frees."""
+        self._kept: dict[str, tuple[str, str | None, IDelayedCall]] = {}
+        """Each flow's slot kept for it (:data:`KEEP`): the host, the model, the release."""
         traffic.freed = self.freed
 
     def configure(self, config: Config) -> None:
@@ -138,6 +148,8 @@ class Waits:
         home = self.home(route, model, conversation)
         pool = (route.name, model) if home is None else (route.name, model, home)
         placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
+        if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a
+            self.clock.callLater(0, self._release, flow.name)  # rule) once it is queued
         if isinstance(placed, Waiting):
             self._held[placed.seq] = placed
             if home is not None:
@@ -180,21 +192,48 @@ class Waits:
     def started(self, flow: Flow) -> None:
         """A request of ``flow`` went to a host without waiting: it counts in its share."""
         self.queue.started(flow, self.clock.seconds())
+        self._release(flow.name)
 
-    def finished(self, flow: Flow, seconds: float) -> None:
-        """A request of ``flow`` that held a slot ``seconds`` ended."""
+    def finished(self, flow: Flow, seconds: float, host: str | None = None) -> None:
+        """A request of ``flow`` that held a slot ``seconds`` ended; its slot on ``host``
+        frees next (:meth:`freed`)."""
         self.queue.finished(flow, seconds, self.clock.seconds())
+        self._ending = None if host is None else (flow.name, host)
 
     # -- dispatch ---------------------------------------------------------------------------
 
     def freed(self, host: str, model: str | None) -> None:
         """A request left ``host``: one of its slots for ``model`` is free."""
+        ending, self._ending = self._ending, None
         if not self.queue.waiting():
             return  # nothing waits: costs nothing
         routes = self._serving.get(host, ())
         pools: list[Hashable] = [(route, model) for route in routes]
         pools += [(route, model, host) for route in routes]  # turns waiting for this host
+        if ending is not None and ending[1] == host and self._keep(ending[0], host, model, pools):
+            return
         self._send(pools)
+
+    def _keep(self, name: str, host: str, model: str | None, pools: list[Hashable]) -> bool:
+        """Keep the slot ``name``'s request just freed for its next one (:data:`KEEP`),
+        if it has nothing else running or waiting and would be served first."""
+        if name in self._kept or self.queue.flow(name) != (0, 0):
+            return False
+        if not self.queue.first(name, pools):
+            return False
+        self.traffic.move(None, host, model)  # taken, for now
+        later = self.clock.callLater(KEEP, self._release, name)
+        self._kept[name] = (host, model, later)
+        return True
+
+    def _release(self, name: str) -> None:
+        """Flow ``name``'s kept slot (if any) frees: the next waiting request takes it."""
+        kept = self._kept.pop(name, None)
+        if kept is not None:
+            host, model, later = kept
+            if later.active():
+                later.cancel()
+            self.traffic.move(host, None, model)
 
     def _send(self, pools: list[Hashable]) -> None:
         """The next request a freed slot of ``pools`` can serve goes to it."""
@@ -247,6 +286,8 @@ class Waits:
         for waiting in held.values():
             self.queue.remove(waiting)
             waiting.item.shed(Refused(503, "crossbar is stopping", 5, "stopping"))
+        for name in list(self._kept):
+            self._release(name)
 
 
 def flow_of(route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str) -> Flow:
