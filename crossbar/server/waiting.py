@@ -186,7 +186,9 @@ class Waits:
         placed = self.queue.push(
             pool, waiting.flow, waiting.item, now, waiting.deadline, arrived=waiting.arrived
         )
-        assert isinstance(placed, Waiting)  # no limit asked: it had been let in
+        if isinstance(placed, Refused):  # a reload lowered its key's max_waiting meanwhile
+            waiting.item.shed(placed)
+            return
         self._held[placed.seq] = placed
 
     def started(self, flow: Flow) -> None:
@@ -219,6 +221,8 @@ class Waits:
         if it has nothing else running or waiting and would be served first."""
         if name in self._kept or self.queue.flow(name) != (0, 0):
             return False
+        if host not in self.traffic.in_flight or host in self.traffic.leaving:
+            return False  # reloaded away: not to be given anything more
         if not self.queue.first(name, pools):
             return False
         self.traffic.move(None, host, model)  # taken, for now
