@@ -24,6 +24,7 @@ from crossbar.config import (
     parse_duration,
 )
 from crossbar.config.load import _TOP_KEYS
+from crossbar.config.model import HOME_WAIT
 from tests.certs import self_signed_ca
 from tests.test_tap import ENV
 
@@ -481,6 +482,10 @@ def test_cache_affinity_and_slots(tmp_path: Path) -> None:
     assert config.hosts["gpu-b"].slots == 4
     assert config.hosts["gpu-a"].slots is None
     assert parse_config(yaml.safe_load(MINIMAL)).routes["opencode-a"].affinity_max_load == 1.5
+    assert route.home_wait == HOME_WAIT  # the default
+    for written, seconds in (("2s", 2.0), ("250ms", 0.25), ("0", 0.0), (0, 0.0)):
+        changed = text.replace("affinity_max_load: 2", f"home_wait: {written!r}")
+        assert load_config(write(tmp_path, changed)).routes["opencode-a"].home_wait == seconds
 
 
 @pytest.mark.parametrize(
@@ -503,6 +508,27 @@ def test_cache_affinity_and_slots(tmp_path: Path) -> None:
             ("  gpu-b: http://10.0.0.12:8080/", "  gpu-b: {url: 'http://h:1', slots: 0}"),
             "hosts.gpu-b.slots",
             "at least 1",
+        ),
+        (
+            ("    default_model", "    home_wait: 1s\n    default_model"),
+            "routes.opencode-a.home_wait",
+            "is only for policy cache_affinity",
+        ),
+        (
+            (
+                "    default_model",
+                "    policy: cache_affinity\n    home_wait: 2m\n    default_model",
+            ),
+            "routes.opencode-a.home_wait",
+            "must be at most 60s, not '2m'",
+        ),
+        (
+            (
+                "    default_model",
+                "    policy: cache_affinity\n    home_wait: soon\n    default_model",
+            ),
+            "routes.opencode-a.home_wait",
+            "not a duration",
         ),
     ],
 )

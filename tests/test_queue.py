@@ -360,3 +360,20 @@ def test_a_time_before_the_last_rescaling_is_answered_not_raised() -> None:
     assert q.service("done", T0) == 5.0
     q.remove(patient)
     assert q.waiting() == 0
+
+
+def test_first_says_whether_a_flow_asking_now_would_go_before_those_waiting() -> None:
+    q: FairQueue[str] = FairQueue()
+    alice, bob, batch = Flow("alice"), Flow("bob"), Flow("night", band=2)
+    q.started(alice, T0)
+    queued(q, POOL, alice, "a", T0)
+    assert q.first("bob", [POOL]) is False  # never seen: nothing to go by
+    q.started(bob, T0)
+    q.finished(bob, 2.0, T0 + 2)
+    assert q.first("bob", [POOL])  # none running against alice's one
+    q.started(batch, T0)
+    q.finished(batch, 0.1, T0 + 2)
+    assert not q.first("night", [POOL])  # a lower band waits behind any higher one
+    q.started(bob, T0 + 2)
+    q.started(bob, T0 + 2)
+    assert not q.first("bob", [POOL])  # two running now: alice's goes first

@@ -1,7 +1,8 @@
 """Several crossbar replicas behind HAProxy, run with ``contrib/haproxy.cfg`` unchanged
 (its addresses and check interval set through its environment variables): a replica
 killed mid-load costs only the streams it was serving, HAProxy's checks on readyz take it
-out and bring it back, and every replica sends a conversation to the same host."""
+out and bring it back, every replica sends a conversation to the same host, and each key
+(or, without one, each client address) is served by one replica."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ CHAT = "/lab/v1/chat/completions"
 REPLICAS = ("replica1", "replica2")
 SERVED = " POST /v1/chat/completions 200 "
 """What crossbar's access line of a chat request it served holds."""
+APART = {"replica1": "agent-1", "replica2": "agent-0"}
+"""A key HAProxy's hash sends to each replica (the test of the hash checks it): clients
+that send them reach both replicas."""
 
 
 def haproxy_binary() -> str:
@@ -144,15 +148,28 @@ class Outcome:
         return self.started < moment and (self.ended is None or self.ended > moment)
 
 
-def ask(port: int, kind: str, conversation: str, out: Outcome | None = None) -> Outcome:
+def ask(
+    port: int,
+    kind: str,
+    conversation: str,
+    out: Outcome | None = None,
+    key: str | None = None,
+    path: str = CHAT,
+) -> Outcome:
     """A chat request through HAProxy, a stream (1.5 s of events) or a plain one (0.1 s),
-    written into ``out`` as it goes."""
+    written into ``out`` as it goes; with ``key`` as ``Authorization: Bearer``, or as
+    ``x-api-key`` when it is written ``x-api-key:<key>``."""
     body: dict[str, object] = {"messages": [{"role": "user", "content": conversation}]}
     body.update({"stream": True} if kind == "stream" else {"max_tokens": 2})
     out = out or Outcome(kind, time.monotonic())
+    headers = {"Content-Type": "application/json"}
+    if key is not None and key.startswith("x-api-key:"):
+        headers["X-Api-Key"] = key.removeprefix("x-api-key:")
+    elif key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        connection.request("POST", CHAT, json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", path, json.dumps(body), headers)
         response = connection.getresponse()
         out.status = response.status
         out.replica = response.getheader("X-Served-By")
@@ -174,7 +191,8 @@ def ask(port: int, kind: str, conversation: str, out: Outcome | None = None) -> 
 
 class Load:
     """A few clients, each sending its requests one after another until told to stop
-    (or ``limit`` requests in all): a bounded load."""
+    (or ``limit`` requests in all): a bounded load. Every other client sends a key that
+    goes to the other replica (:data:`APART`)."""
 
     def __init__(self, port: int, streams: int, plains: int, limit: int = 800) -> None:
         self.port, self.limit = port, limit
@@ -198,13 +216,13 @@ class Load:
             t.join(timeout=15)
 
     def _client(self, client: int, kind: str) -> None:
-        n = 0
+        n, key = 0, APART[REPLICAS[client % 2]]
         while not self._stop.is_set() and len(self.outcomes) < self.limit:
             n += 1
             out = Outcome(kind, time.monotonic())
             with self._lock:
                 self.outcomes.append(out)
-            ask(self.port, kind, f"client {client} request {n}", out)
+            ask(self.port, kind, f"client {client} request {n}", out, key)
 
     def count(self, check: Callable[[Outcome], bool]) -> int:
         """How many requests so far pass ``check``."""
@@ -317,8 +335,13 @@ def summary(outcomes: list[Outcome], killed: float, down: float, up: float) -> s
 def test_every_replica_sends_a_conversation_to_the_same_host(tmp_path: Path) -> None:
     with balancer(tmp_path) as lb:
         wait_until(lambda: set(lb.states().values()) == {"UP"}, "both replicas UP")
+        # Each turn with the other replica's key: a conversation crosses replicas.
+        keys = [APART["replica1"], APART["replica2"]] * 2
         turns = {
-            f"conversation {i}": [ask(lb.port, "plain", f"conversation {i}") for _ in range(3)]
+            f"conversation {i}": [
+                ask(lb.port, "plain", f"conversation {i}", key=keys[i % 2 + turn])
+                for turn in range(3)
+            ]
             for i in range(6)
         }
     for conversation, answers in turns.items():
@@ -328,7 +351,7 @@ def test_every_replica_sends_a_conversation_to_the_same_host(tmp_path: Path) -> 
     homes = {answers[0].host for answers in turns.values()}
     crossed = [c for c, answers in turns.items() if len({a.replica for a in answers}) == 2]
     assert replicas == set(REPLICAS) and homes == {"gpu-a", "gpu-b"}
-    assert len(crossed) >= 3  # leastconn alternates between idle replicas
+    assert len(crossed) == len(turns)
 
 
 def test_with_no_replica_ready_the_live_ones_still_serve_their_healthy_routes(
@@ -339,7 +362,7 @@ def test_with_no_replica_ready_the_live_ones_still_serve_their_healthy_routes(
     with balancer(tmp_path, dark, "  dark:\n    hosts: [gpu-x]\n") as lb:
         wait_until(lambda: set(lb.states().values()) == {"DOWN"}, "both replicas out of `crossbar`")
         wait_until(lambda: set(lb.states("crossbar-live").values()) == {"UP"}, "both replicas live")
-        answers = [ask(lb.port, "plain", f"hi {i}") for i in range(4)]
+        answers = [ask(lb.port, "plain", f"hi {i}", key=APART[REPLICAS[i % 2]]) for i in range(4)]
         assert all(a.complete for a in answers), answers
         assert {a.replica for a in answers} == set(REPLICAS)
         refused = http.client.HTTPConnection("127.0.0.1", lb.port, timeout=10)
@@ -349,3 +372,57 @@ def test_with_no_replica_ready_the_live_ones_still_serve_their_healthy_routes(
         response = refused.getresponse()
         assert (response.status, json.loads(response.read())) == (503, {"error": "no healthy host"})
         refused.close()
+
+
+KEYS = {"alice": "alice", "bob": "x-api-key:bob"}
+"""Two named keys, alice's sent as ``Authorization: Bearer``, bob's as ``x-api-key`` (as
+OpenAI's and Anthropic's clients send them), that HAProxy's hash sends apart."""
+
+
+def slot_shares(daemon: Daemon) -> set[str]:
+    """The flows a replica's own metrics say used its slots (``crossbar_slot_share``)."""
+    url = f"http://127.0.0.1:{daemon.port}/_crossbar/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return {
+        line.split('flow="', 1)[1].split('"', 1)[0]
+        for line in lines
+        if line.startswith("crossbar_slot_share{")
+    }
+
+
+def test_each_key_is_served_by_one_replica_and_keys_spread_over_both(tmp_path: Path) -> None:
+    keys = ", ".join(
+        f'{{name: {name}, key: "{key.removeprefix("x-api-key:")}"}}' for name, key in KEYS.items()
+    )
+    open_route = "  open:\n    hosts: [gpu-a, gpu-b]\n    default_model: tiny-a\n"
+    with balancer(tmp_path, extra_routes=f"    api_keys: [{keys}]\n{open_route}") as lb:
+        wait_until(lambda: set(lb.states().values()) == {"UP"}, "both replicas UP")
+        answers = {
+            name: [ask(lb.port, "plain", f"{name} {i}", key=key) for i in range(8)]
+            for name, key in KEYS.items()
+        }
+        answers["no key"] = [
+            ask(lb.port, "plain", f"anyone {i}", path="/open/v1/chat/completions") for i in range(8)
+        ]
+        where = {name: {a.replica for a in got} for name, got in answers.items()}
+        assert all(a.complete for got in answers.values() for a in got), answers
+        # Every request of a key reached one replica; without a key, one per address.
+        assert where["alice"] == {"replica1"} and where["bob"] == {"replica2"}
+        assert len(where["no key"]) == 1
+        # Each replica's own log and metrics agree: it served the requests HAProxy sent
+        # it, and only its own key's flow used its slots there.
+        for replica in REPLICAS:
+            mine = sum(1 for got in answers.values() for a in got if a.replica == replica)
+            daemon = lb.replicas[replica]
+            wait_until(lambda d=daemon, n=mine: served(d) == n, f"{replica}'s log", 5)
+        replica1, replica2 = (slot_shares(lb.replicas[r]) - {"127.0.0.1"} for r in REPLICAS)
+        assert (replica1, replica2) == ({"alice"}, {"bob"})
+
+
+def test_the_hash_sends_the_test_keys_apart(tmp_path: Path) -> None:
+    """:data:`APART`, which the other tests count on, holds with this HAProxy."""
+    with balancer(tmp_path) as lb:
+        wait_until(lambda: set(lb.states().values()) == {"UP"}, "both replicas UP")
+        for replica, key in APART.items():
+            assert {ask(lb.port, "plain", "hi", key=key).replica for _ in range(3)} == {replica}

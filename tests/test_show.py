@@ -136,4 +136,4 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "max_waiting": 256,
         "wait_timeout": 120.0,
     }
-    assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load"}  # cache_affinity only
+    assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load", "home_wait"}  # c_a only

@@ -24,7 +24,7 @@ from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, Config, HostSettings, RouteConfig, parse_config
 from crossbar.fleet import HealthTable, RecentTraffic, RequestRecord
 from crossbar.fleet.policies import Policies, RoundRobin
-from crossbar.fleet.queue import FairQueue
+from crossbar.fleet.queue import FairQueue, Flow
 from crossbar.pages.app import StatusApp, base_url
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo
@@ -217,6 +217,11 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
         "config": "lab.yaml",
         "reloads": None,  # built without a service: no reload history
         "slot_shares": {},  # no slots known: nothing waits, no share counted
+        "flows": {
+            "window_seconds": 300,
+            "top": [],
+            "others": {"flows": 0, "share": 0, "requests": 0},
+        },
         "worker": None,
         "hosts": {
             "gpu-a": {
@@ -475,6 +480,31 @@ async def test_page_shows_hosts_and_routes(desk: Desk) -> None:
     desk.clock.advance(120)
     _, body = await desk.get("/")
     assert PageRows(body.decode()).tables["hosts"][0]["Last good poll"] == "2 min ago"
+
+
+@pytest_twisted.ensureDeferred
+async def test_page_and_json_show_each_flows_share_of_the_last_five_minutes(
+    desk: Desk,
+) -> None:
+    queue, now = desk.proxy.queue, desk.clock.seconds()
+    for name, seconds in (("alice", 40.0), ("alice", 50.0), ("10.0.0.7", 30.0)):
+        queue.started(Flow(name), now)
+        queue.finished(Flow(name), seconds, now)
+    _, body = await desk.get("/")
+    parsed = PageRows(body.decode())
+    assert parsed.tables["flows"] == [
+        {"Flow": "alice", "Share": "75%", "Slot time": "1 min", "Requests": "2 requests"},
+        {"Flow": "10.0.0.7", "Share": "25%", "Slot time": "30 s", "Requests": "1 request"},
+    ]
+    _, body = await desk.get("/status")
+    assert json.loads(body)["flows"]["top"] == [
+        {"flow": "alice", "share": 0.75, "slot_seconds": 90.0, "requests": 2},
+        {"flow": "10.0.0.7", "share": 0.25, "slot_seconds": 30.0, "requests": 1},
+    ]
+    desk.clock.advance(301)  # five minutes on: nothing left in the window
+    _, body = await desk.get("/")
+    assert "flows" not in PageRows(body.decode()).tables
+    assert "No request has held a slot in the last 5 min" in body.decode()
 
 
 @pytest_twisted.ensureDeferred

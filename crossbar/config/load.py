@@ -53,6 +53,7 @@ _ROUTE_KEYS = {
     "queue",
     "max_waiting",
     "wait_timeout",
+    "home_wait",
 }
 _HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
@@ -254,14 +255,12 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
 
 
 def _usage_db(r: _Reader, top: dict[str, Any]) -> str | None:
-    """Missing: a file in the state directory systemd gives the unit (``StateDirectory=``,
-    as ``$STATE_DIRECTORY``; the config's folder is read-only there), else beside the
-    config file, or none for a config with no file."""
+    """Missing: a file in the unit's ``$STATE_DIRECTORY`` under systemd (the config's
+    folder is read-only there), else beside the config file; none for a config with no file."""
     if "usage_db" not in top:
         state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-        if state and r.base is not None:
-            return str(Path(state) / model_.USAGE_DB_FILE)
-        return None if r.base is None else str(r.base / model_.USAGE_DB_FILE)
+        folder = None if r.base is None else Path(state) if state else r.base
+        return None if folder is None else str(folder / model_.USAGE_DB_FILE)
     return r.convert("usage_db", lambda v: parse_usage_db(v, r.base), top["usage_db"])  # type: ignore[no-any-return]
 
 
@@ -356,7 +355,27 @@ def _route(
         r.convert(f"{key}.queue", parse_flag, body.get("queue", True)),
         r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
+        _home_wait(r, key, body, policy),
     )
+
+
+MAX_HOME_WAIT = 60.0
+"""Longest ``home_wait``: a short wait for a turn's own host, never a second queue."""
+
+
+def _home_wait(r: _Reader, key: str, body: dict[str, Any], policy: str) -> float:
+    where = f"{key}.home_wait"
+    if "home_wait" not in body:
+        return model_.HOME_WAIT
+    if policy != "cache_affinity":
+        raise r.fail(where, "is only for policy cache_affinity")
+    value = body["home_wait"]
+    if value in (0, "0") or value == "0s":
+        return 0.0
+    seconds: float = r.convert(where, parse_duration, value)
+    if seconds > MAX_HOME_WAIT:
+        raise r.fail(where, f"must be at most {MAX_HOME_WAIT:.0f}s, not {value!r}")
+    return seconds
 
 
 def _max_load(r: _Reader, key: str, body: dict[str, Any], policy: str) -> float:

@@ -83,6 +83,11 @@ class HostConfig:
     keeps the conversations it holds within what its slots can keep cached."""
 
 
+HOME_WAIT = 5.0
+"""The default ``home_wait``: a move costs the prefill of the whole conversation, seconds
+for an agent's; a busy host frees a slot within a few (``benchmarks/home_wait.py``)."""
+
+
 @attrs.frozen
 class RouteConfig:
     name: str
@@ -105,6 +110,10 @@ class RouteConfig:
     """Requests of this route waiting in crossbar at once; more are answered 429."""
     wait_timeout: float = 120.0
     """Seconds a request may wait in crossbar for a slot; then it is answered 429."""
+    home_wait: float = HOME_WAIT
+    """``cache_affinity``: seconds a turn whose host (where its conversation's prompt is
+    cached) has every slot busy waits for a slot there before it takes another host's
+    (0: sent on at once, as before). Moving prefills the whole conversation again."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

@@ -89,6 +89,7 @@ def _route(route: RouteConfig) -> dict[str, Any]:
     if route.policy == "cache_affinity":
         # Refused by the loader under any other policy.
         shown["affinity_max_load"] = route.affinity_max_load
+        shown["home_wait"] = route.home_wait
     return shown | {
         "when_all_down": route.when_all_down,
         "list_models": route.list_models,

@@ -26,53 +26,18 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from crossbar.fleet.flows import Flow, PoolLimit, Refused, refusal
+from crossbar.fleet.slottime import WINDOW_SECONDS, SlotTime, Usage
+
+__all__ = ["FairQueue", "Flow", "PoolLimit", "Refused", "Waiting"]
+
 T = TypeVar("T")
 
-WINDOW_SECONDS = 300
-"""How far back :meth:`FairQueue.shares` looks."""
-BUCKET_SECONDS = 30
 _RENORMALISE = 32.0
 """Half-lives after ``t0`` past which every ``v`` is rescaled (``2**32``: far from overflow)."""
 _FORGET_BELOW = 1e-3
 """Decayed slot-seconds below which an idle flow is as good as new and is forgotten."""
 _SLACK = 16  # stale entries a heap or line may hold beyond as many as its live ones
-
-
-def _optional_ge(low: int) -> Any:
-    return attrs.validators.optional(attrs.validators.ge(low))
-
-
-@attrs.frozen
-class Flow:
-    """One client, as the caller names it: a key's name or an address, never a key."""
-
-    name: str
-    band: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    """Priority band, 0 first: a band goes only when no lower one has anyone waiting."""
-    max_in_flight: int | None = attrs.field(default=None, validator=_optional_ge(1))
-    """Past this many running, the flow is passed over until one of them ends."""
-    max_waiting: int | None = attrs.field(default=None, validator=_optional_ge(0))
-    """Past this many waiting (in all pools), another is refused."""
-
-
-@attrs.frozen
-class PoolLimit:
-    """How many may wait in one pool, and the name a refusal gives it (e.g. the route)."""
-
-    name: str
-    max_waiting: int = attrs.field(validator=attrs.validators.ge(0))
-
-
-@attrs.frozen
-class Refused:
-    """Why :meth:`FairQueue.push` turned a request away: the status, the error in words
-    for the client's JSON, and seconds to wait before trying again (``Retry-After``)."""
-
-    status: int
-    error: str
-    retry_after: int
-    reason: str = "limit"
-    """Why, in one word for a metric's label: ``limit``, ``timeout`` or ``stopping``."""
 
 
 @attrs.define(eq=False)
@@ -119,8 +84,6 @@ class _FlowState:
     waiting: int = 0
     v: float = 0.0
     lanes: dict[Hashable, _Lane] = attrs.Factory(dict)
-    ticks: dict[int, float] = attrs.Factory(dict)
-    """Slot-seconds finished per bucket of :data:`BUCKET_SECONDS`, the window's only."""
 
 
 class FairQueue(Generic[T]):
@@ -138,7 +101,7 @@ class FairQueue(Generic[T]):
         self._deadlines: list[tuple[float, int, Waiting[T]]] = []
         self._waiting = 0
         self._seq = count()
-        self._ticks: dict[int, float] = {}
+        self._used = SlotTime()
 
     def push(
         self,
@@ -148,21 +111,24 @@ class FairQueue(Generic[T]):
         now: float,
         deadline: float | None = None,
         pool_limit: PoolLimit | None = None,
+        arrived: float | None = None,
     ) -> Waiting[T] | Refused:
         """Queue ``item`` in ``pool``, or say in words why not (429): the flow or the
-        pool already has as many waiting as it may. Never raises."""
+        pool already has as many waiting as it may. Never raises. ``arrived``: when it
+        began waiting, when before ``now`` (moved from another pool)."""
         state, found, refused = self._state(flow, now), self._pools.get(pool), None
         if flow.max_waiting is not None and state.waiting >= flow.max_waiting:
             oldest = min((lane.line[0].arrived for lane in state.lanes.values()), default=now)
-            refused = _refused(flow.name, flow.max_waiting, now - oldest)
+            refused = refusal(flow.name, flow.max_waiting, now - oldest)
         elif pool_limit is not None and (found.live if found else 0) >= pool_limit.max_waiting:
-            refused = _refused(pool_limit.name, pool_limit.max_waiting, self._age(found, now))
+            refused = refusal(pool_limit.name, pool_limit.max_waiting, self._age(found, now))
         if refused is not None:
             self._settle(state, now)
             return refused
         box = found if found is not None else self._pools.setdefault(pool, _Pool())
         deadline = deadline if deadline is not None and math.isfinite(deadline) else None
-        waiting: Waiting[T] = Waiting(item, flow, pool, now, deadline, next(self._seq))
+        since = now if arrived is None else arrived
+        waiting: Waiting[T] = Waiting(item, flow, pool, since, deadline, next(self._seq))
         lane = state.lanes.get(pool)
         if lane is None:
             lane = state.lanes[pool] = box.lanes[flow.name] = _Lane()
@@ -239,13 +205,25 @@ class FairQueue(Generic[T]):
         if seconds:
             t0 = self._t0 if self._t0 is not None else now
             state.v += seconds * math.exp2((now - t0) / self._half_life)
-            tick = int(now // BUCKET_SECONDS)
-            for ticks in (state.ticks, self._ticks):
-                ticks[tick] = ticks.get(tick, 0.0) + seconds
-                for old in [t for t in ticks if t <= tick - WINDOW_SECONDS // BUCKET_SECONDS]:
-                    del ticks[old]
+        self._used.add(flow.name, seconds, now)
         self._refresh(state)
         self._settle(state, now)
+
+    def first(self, name: str, pools: Iterable[Hashable]) -> bool:
+        """Whether flow ``name``, were it to ask now, would go before every request
+        waiting in ``pools`` (and is below its ``max_in_flight``)."""
+        state = self._flows.get(name)
+        limit = state.flow.max_in_flight if state is not None else None
+        if state is None or (limit is not None and state.in_flight >= limit):
+            return False
+        key = (state.flow.band, state.in_flight, state.v)
+        for pool in pools:
+            heap = self._pools[pool].heap if pool in self._pools else []
+            while heap and heap[0] is not heap[0][-1].entry:
+                heapq.heappop(heap)
+            if heap and heap[0][:3] <= key:
+                return False
+        return True
 
     def waiting(self, pool: Hashable | None = None) -> int:
         """Requests waiting in ``pool``, or in all pools."""
@@ -277,13 +255,12 @@ class FairQueue(Generic[T]):
 
     def shares(self, now: float) -> dict[str, float]:
         """Each remembered flow's share of the slot-seconds of requests that ended in
-        the last :data:`WINDOW_SECONDS` (to the bucket); flows with none are left out."""
-        low = int(now // BUCKET_SECONDS) - WINDOW_SECONDS // BUCKET_SECONDS
-        total = sum(s for t, s in self._ticks.items() if t > low)
-        if not total:
-            return {}
-        used = {n: sum(s for t, s in f.ticks.items() if t > low) for n, f in self._flows.items()}
-        return {name: seconds / total for name, seconds in used.items() if seconds}
+        the last five minutes (:mod:`crossbar.fleet.slottime`); flows with none left out."""
+        return self._used.shares(now)
+
+    def usage(self, now: float) -> dict[str, Usage]:
+        """As :meth:`shares`, with each flow's slot-seconds and requests."""
+        return self._used.usage(now)
 
     @property
     def remembered(self) -> int:
@@ -325,6 +302,7 @@ class FairQueue(Generic[T]):
             ):
                 break
             del self._flows[oldest.flow.name]
+            self._used.forget(oldest.flow.name)
             self._idle.popitem(last=False)
 
     def _take(self, waiting: Waiting[T], state: _FlowState, enter: bool = True) -> None:
@@ -393,10 +371,3 @@ class FairQueue(Generic[T]):
         while box is not None and not box.order[0].live:
             box.order.popleft()
         return now - box.order[0].arrived if box is not None else 0.0
-
-
-def _refused(name: str, limit: int, waited: float) -> Refused:
-    """A 429 in words; retry after about as long as the oldest of those waiting has
-    waited (roughly how long the queue takes to turn over), 1 s to 5 min."""
-    words = f"{limit} requests already waiting" if limit else "every slot is busy, none may wait"
-    return Refused(429, f"{name}: {words}", min(WINDOW_SECONDS, max(1, math.ceil(waited))))

@@ -37,6 +37,7 @@ from crossbar.fleet import (
 )
 from crossbar.fleet.policies import Ask, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.flowshares import FlowShares
 from crossbar.pages.hostusage import recent_usage_json
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
@@ -157,6 +158,7 @@ class StatusApp:
             "slot_shares": {
                 flow: round(part, 4) for flow, part in self.traffic.queue.shares(now).items()
             },
+            "flows": FlowShares.of(self.traffic.queue.usage(now)).to_json(),
         }
 
     def affinity(self) -> dict[str, RouteAffinity]:
@@ -188,6 +190,7 @@ class StatusApp:
             waiting=waiting_by_route(self.traffic, self.clock.seconds()),
             hourly={} if self.hourly is None else self.hourly.hosts(),
             usage_totals=self.usage_panel.current(),
+            shares=FlowShares.of(self.traffic.queue.usage(self.clock.seconds())),
         )
 
     @app.route("/status", methods=["GET"])

@@ -21,6 +21,7 @@ from crossbar.config.changes import Reloads
 from crossbar.fleet import HostHour, HostRecent, HostState, RouteAffinity, routes_down
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.charts import CHART_STYLE
+from crossbar.pages.flowshares import FlowShares, flows_section
 from crossbar.pages.hostusage import HostUsage
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
@@ -141,6 +142,7 @@ data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
 </tbody>
 </table>
 <t:transparent t:render="usage_tables" />
+<div t:render="flows" />
 <p class="muted">Also: <a href="status">status (JSON)</a> \u00b7 <a href="metrics">metrics</a>
 \u00b7 <a href="usage">usage (JSON)</a> \u00b7 <a href="readyz">readyz</a> \u00b7 <a
 href="livez">livez</a></p>
@@ -235,6 +237,8 @@ class StatusPage(Element):
     """Each host's last hour, a minute at a time, for the charts."""
     usage_totals: UsageView = attrs.field(kw_only=True, default="usage_db is off")
     """Each key's and route's tokens of today and this week (:mod:`.usagepanel`)."""
+    shares: FlowShares = attrs.field(kw_only=True, factory=lambda: FlowShares.of({}))
+    """Each flow's share of the slots over the last five minutes."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -292,6 +296,10 @@ class StatusPage(Element):
                 tags.span("not ready", class_="mark down"), " no healthy host for: ", _names(down)
             )
         return tag(tags.span("ready", class_="mark up"), " every route has a healthy host")
+
+    @renderer
+    def flows(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        return flows_section(self.shares, tag)
 
     @renderer
     def host(self, request: IRequest | None, tag: Tag) -> Flattenable:

@@ -127,7 +127,8 @@ class Exchange:
         exclude, waits = self.tried, proxy.waits
         policy = proxy.traffic.policies.of(route)
         if waits is not None and route.queue and waits.active():
-            if not self.tried and self.waited is None and waits.must_wait(route, self.model, ()):
+            first = not self.tried and self.waited is None
+            if first and waits.must_wait(route, self.model, (), self.conversation):
                 self._queue(waits, route)
                 return
             if self.waited is not None or not policy.reads_conversations:
@@ -178,7 +179,7 @@ class Exchange:
 
     def _queue(self, waits: Waits, route: RouteConfig) -> None:
         """Every slot of the group is busy: wait in crossbar (or be refused, past a limit)."""
-        placed = waits.wait(self, route, self.model, self._flow_of(route))
+        placed = waits.wait(self, route, self.model, self._flow_of(route), self.conversation)
         if isinstance(placed, Refused):
             self.shed(placed)
             return
@@ -377,9 +378,10 @@ class Exchange:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
+        if self.flow is not None and self.proxy.waits is not None:  # first: the slot frees next
+            took = self.proxy.clock.seconds() - self._sent
+            self.proxy.waits.finished(self.flow, took, self._counted)
         self._count(None)
-        if self.flow is not None and self.proxy.waits is not None:
-            self.proxy.waits.finished(self.flow, self.proxy.clock.seconds() - self._sent)
         self.proxy.observer.request_done(self.record())
 
     @property

@@ -9,6 +9,11 @@ that host can serve is sent to it: the highest priority band first, then the flo
 holder, or a client's address) that has had the least service lately
 (:mod:`crossbar.fleet.queue`). A route with ``queue: off``, or whose slots are not known,
 sends every request on at once, as before.
+
+A ``cache_affinity`` turn whose own host (where its conversation's prompt is cached) has
+every slot busy waits for a slot of that host alone, in a pool of its own, for at most the
+route's ``home_wait``; then it waits for any host of its group (or goes at once to one with
+room), and the move prefills the conversation again there.
 """
 
 from __future__ import annotations
@@ -21,12 +26,20 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from crossbar.config import Config, RouteConfig, matches
-from crossbar.fleet import HealthTable, Traffic, best_group
+from crossbar.fleet import Conversation, HealthTable, Traffic, best_group
+from crossbar.fleet.policies import CacheAffinity
 from crossbar.fleet.queue import Flow, PoolLimit, Refused, Waiting
+from crossbar.fleet.rendezvous import rendezvous
 from crossbar.server.keys import offered
 
 TICK = 1.0
 """Seconds between two looks at what waits (time-outs, hosts come back) while any does."""
+KEEP = 0.025
+"""Seconds a slot stays kept for the flow whose request just ended in it, when that flow
+has nothing else running or waiting and would be served first: its next request takes
+it, rather than finding it given away a moment before it came (then waiting for a whole
+answer to end). Measured on the simulator with the queue full: a light flow's next
+request came 4.5 ms (p50) and 17.6 ms (p95) after its last ended."""
 BANDS = {"interactive": 0, "normal": 1, "batch": 2}
 
 
@@ -51,6 +64,12 @@ class Waits:
         self._timer: IDelayedCall | None = None
         self._held: dict[int, Waiting[Waiter]] = {}
         """Every request waiting now, by its number (a stop answers them all)."""
+        self._homing: dict[int, IDelayedCall] = {}
+        """The end of each ``cache_affinity`` turn's wait for its own host, by its number."""
+        self._ending: tuple[str, str] | None = None
+        """The flow and host of the request that ended last, until its slot frees."""
+        self._kept: dict[str, tuple[str, str | None, IDelayedCall]] = {}
+        """Each flow's slot kept for it (:data:`KEEP`): the host, the model, the release."""
         traffic.freed = self.freed
 
     def configure(self, config: Config) -> None:
@@ -79,25 +98,65 @@ class Waits:
         group = best_group(route.hosts, model, states, frozenset(exclude))
         return [s.name for s in group if full(s.name, model, s.slots)]
 
-    def must_wait(self, route: RouteConfig, model: str | None, exclude: Iterable[str]) -> bool:
-        """Whether every host of the best group is known to be full (none: no waiting)."""
+    def must_wait(
+        self,
+        route: RouteConfig,
+        model: str | None,
+        exclude: Iterable[str],
+        conversation: Conversation | None = None,
+    ) -> bool:
+        """Whether every host of the best group is known to be full (none: no waiting),
+        or the turn of ``conversation`` is to wait for its own host (:meth:`home`)."""
         if not route.queue:
             return False
         states, full = self.table.view, self.traffic.full
         group = best_group(route.hosts, model, states, frozenset(exclude))
+        if self.home(route, model, conversation) is not None:
+            return True
         return bool(group) and all(full(s.name, model, s.slots) for s in group)
 
+    def home(
+        self, route: RouteConfig, model: str | None, conversation: Conversation | None
+    ) -> str | None:
+        """The host a ``cache_affinity`` turn is to wait for: the one its conversation's
+        last turn went to (or, seen first after its first turn, its hash's home), in the
+        best group and with every slot busy; ``None`` when there is none to wait for."""
+        if conversation is None or not route.home_wait or not route.queue:
+            return None
+        policy = self.traffic.policies.of(route)
+        if not isinstance(policy, CacheAffinity):
+            return None
+        group = {s.name: s for s in best_group(route.hosts, model, self.table.view)}
+        host = policy.conversations.host_of(conversation.key)
+        if host is None and conversation.turn:  # answered before, elsewhere
+            host = rendezvous(conversation.key, list(group))[0] if group else None
+        state = group.get(host) if host is not None else None
+        if state is None or len(group) < 2 or not self.traffic.full(state.name, model, state.slots):
+            return None
+        return state.name
+
     def wait(
-        self, waiter: Waiter, route: RouteConfig, model: str | None, flow: Flow
+        self,
+        waiter: Waiter,
+        route: RouteConfig,
+        model: str | None,
+        flow: Flow,
+        conversation: Conversation | None = None,
     ) -> Waiting[Waiter] | Refused:
-        """Queue ``waiter`` (or say why not: a limit, answered 429)."""
+        """Queue ``waiter`` (or say why not: a limit, answered 429): for its own host
+        first, when it is a ``cache_affinity`` turn whose host is full."""
         now = self.clock.seconds()
         limit = PoolLimit(route.name, route.max_waiting)
-        placed = self.queue.push(
-            (route.name, model), flow, waiter, now, now + route.wait_timeout, limit
-        )
+        home = self.home(route, model, conversation)
+        pool = (route.name, model) if home is None else (route.name, model, home)
+        placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
+        if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a
+            self.clock.callLater(0, self._release, flow.name)  # rule) once it is queued
         if isinstance(placed, Waiting):
             self._held[placed.seq] = placed
+            if home is not None:
+                later = self.clock.callLater(route.home_wait, self._leave_home, placed)
+                self._homing[placed.seq] = later
             if self._timer is None:
                 self._timer = self.clock.callLater(TICK, self._tick)
         return placed
@@ -106,23 +165,81 @@ class Waits:
         """A waiting client left: it is dropped at once, and no host ever sees it."""
         self.queue.remove(waiting)
         self._held.pop(waiting.seq, None)
+        self._unhome(waiting.seq)
+
+    def _unhome(self, seq: int) -> None:
+        later = self._homing.pop(seq, None)
+        if later is not None and later.active():
+            later.cancel()
+
+    def _leave_home(self, waiting: Waiting[Waiter]) -> None:
+        """A turn's ``home_wait`` is over: it goes at once to a host of its group with a
+        free slot, or waits for the first of them to free one (its wait goes on counting)."""
+        self._homing.pop(waiting.seq, None)
+        if not waiting.live:
+            return
+        self.queue.remove(waiting)
+        self._held.pop(waiting.seq, None)
+        pool, route = waiting.pool[:2], self._routes.get(waiting.pool[0])  # type: ignore[index]
+        now = self.clock.seconds()
+        if route is None or not self.must_wait(route, pool[1], ()):
+            waiting.item.dispatched(now - waiting.arrived)
+            return
+        placed = self.queue.push(
+            pool, waiting.flow, waiting.item, now, waiting.deadline, arrived=waiting.arrived
+        )
+        if isinstance(placed, Refused):  # a reload lowered its key's max_waiting meanwhile
+            waiting.item.shed(placed)
+            return
+        self._held[placed.seq] = placed
 
     def started(self, flow: Flow) -> None:
         """A request of ``flow`` went to a host without waiting: it counts in its share."""
         self.queue.started(flow, self.clock.seconds())
+        self._release(flow.name)
 
-    def finished(self, flow: Flow, seconds: float) -> None:
-        """A request of ``flow`` that held a slot ``seconds`` ended."""
+    def finished(self, flow: Flow, seconds: float, host: str | None = None) -> None:
+        """A request of ``flow`` that held a slot ``seconds`` ended; its slot on ``host``
+        frees next (:meth:`freed`)."""
         self.queue.finished(flow, seconds, self.clock.seconds())
+        self._ending = None if host is None else (flow.name, host)
 
     # -- dispatch ---------------------------------------------------------------------------
 
     def freed(self, host: str, model: str | None) -> None:
         """A request left ``host``: one of its slots for ``model`` is free."""
+        ending, self._ending = self._ending, None
         if not self.queue.waiting():
             return  # nothing waits: costs nothing
-        pools: list[Hashable] = [(route, model) for route in self._serving.get(host, ())]
+        routes = self._serving.get(host, ())
+        pools: list[Hashable] = [(route, model) for route in routes]
+        pools += [(route, model, host) for route in routes]  # turns waiting for this host
+        if ending is not None and ending[1] == host and self._keep(ending[0], host, model, pools):
+            return
         self._send(pools)
+
+    def _keep(self, name: str, host: str, model: str | None, pools: list[Hashable]) -> bool:
+        """Keep the slot ``name``'s request just freed for its next one (:data:`KEEP`),
+        if it has nothing else running or waiting and would be served first."""
+        if name in self._kept or self.queue.flow(name) != (0, 0):
+            return False
+        if host not in self.traffic.in_flight or host in self.traffic.leaving:
+            return False  # reloaded away: not to be given anything more
+        if not self.queue.first(name, pools):
+            return False
+        self.traffic.move(None, host, model)  # taken, for now
+        later = self.clock.callLater(KEEP, self._release, name)
+        self._kept[name] = (host, model, later)
+        return True
+
+    def _release(self, name: str) -> None:
+        """Flow ``name``'s kept slot (if any) frees: the next waiting request takes it."""
+        kept = self._kept.pop(name, None)
+        if kept is not None:
+            host, model, later = kept
+            if later.active():
+                later.cancel()
+            self.traffic.move(host, None, model)
 
     def _send(self, pools: list[Hashable]) -> None:
         """The next request a freed slot of ``pools`` can serve goes to it."""
@@ -130,6 +247,7 @@ class Waits:
         waiting = self.queue.pop(pools, now)
         if waiting is not None:
             self._held.pop(waiting.seq, None)
+            self._unhome(waiting.seq)
             waiting.item.dispatched(now - waiting.arrived)
 
     def _tick(self) -> None:
@@ -138,15 +256,13 @@ class Waits:
         now = self.clock.seconds()
         for waiting in self.queue.expired(now):
             self._held.pop(waiting.seq, None)
+            self._unhome(waiting.seq)
             route, waited = waiting.pool[0], now - waiting.arrived  # type: ignore[index]
             words = f"{route}: waited {waited:.0f}s for a free slot (its wait_timeout)"
             waiting.item.shed(Refused(429, words, 1, "timeout"))
         pools = {w.pool for w in self._held.values()}
         for pool in pools:
-            route = self._routes.get(pool[0])  # type: ignore[index]
-            while self.queue.waiting(pool) and (
-                route is None or not self.must_wait(route, pool[1], ())  # type: ignore[index]
-            ):
+            while self.queue.waiting(pool) and self._has_room(pool):
                 before = self.queue.waiting(pool)
                 self._send([pool])
                 if self.queue.waiting(pool) == before:  # every flow at its max_in_flight
@@ -154,15 +270,30 @@ class Waits:
         if self.queue.waiting():
             self._timer = self.clock.callLater(TICK, self._tick)
 
+    def _has_room(self, pool: Any) -> bool:
+        """Whether a request of ``pool`` can go now: a host of its group (of the host it
+        waits for, in a turn's own pool) has a free slot, or its route is gone."""
+        route = self._routes.get(pool[0])
+        if route is None:
+            return True
+        if len(pool) == 3:
+            state = self.table.view.get(pool[2])
+            return state is None or not self.traffic.full(pool[2], pool[1], state.slots)
+        return not self.must_wait(route, pool[1], ())
+
     def drain(self) -> None:
         """crossbar is stopping: whoever waits is answered 503 now."""
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
         held, self._held = self._held, {}
+        for seq in list(self._homing):
+            self._unhome(seq)
         for waiting in held.values():
             self.queue.remove(waiting)
             waiting.item.shed(Refused(503, "crossbar is stopping", 5, "stopping"))
+        for name in list(self._kept):
+            self._release(name)
 
 
 def flow_of(route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str) -> Flow:
