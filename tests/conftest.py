@@ -1,4 +1,5 @@
-"""Shared fixtures: the running reactor, and a check that tests leave it clean."""
+"""Shared fixtures: the running reactor, a Clock at the test module's ``T0``, and a check
+that tests leave the reactor clean."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 
 
 @pytest.fixture
@@ -16,6 +17,15 @@ def reactor() -> Any:
     from twisted.internet import reactor as _reactor
 
     return _reactor
+
+
+@pytest.fixture
+def clock(request: pytest.FixtureRequest) -> Clock:
+    """A Clock set to the test module's ``T0`` (0 without one): its windows and buckets
+    start where the module's times say."""
+    clock = Clock()
+    clock.advance(getattr(request.module, "T0", 0.0))
+    return clock
 
 
 @pytest_twisted.async_yield_fixture(autouse=True)

@@ -37,13 +37,6 @@ def done(
 
 
 @pytest.fixture
-def clock() -> Clock:
-    clock = Clock()
-    clock.advance(T0)
-    return clock
-
-
-@pytest.fixture
 def hourly(clock: Clock) -> HourlyTraffic:
     return HourlyTraffic(["gpu-a", "gpu-b"], clock)
 

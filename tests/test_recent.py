@@ -18,13 +18,6 @@ def done(host: str | None, status: int = 200, first_byte: float | None = 0.5) ->
 
 
 @pytest.fixture
-def clock() -> Clock:
-    clock = Clock()
-    clock.advance(T0)
-    return clock
-
-
-@pytest.fixture
 def recent(clock: Clock) -> RecentTraffic:
     return RecentTraffic(["gpu-a", "gpu-b"], clock)
 

@@ -75,13 +75,6 @@ def page(
     )
 
 
-@pytest.fixture
-def clock() -> Clock:
-    clock = Clock()
-    clock.advance(T0)
-    return clock
-
-
 def table(cfg: Config, clock: Clock) -> HealthTable:
     return HealthTable({name: host.url for name, host in cfg.hosts.items()}, clock)
 
