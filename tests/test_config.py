@@ -208,6 +208,7 @@ MISTAKES = [
         "must be one of forwarded, merged",
     ),
     (("poll_interval: 5s", "poll_interval: 5s\nmax_fails: 0"), "max_fails", "at least 1"),
+    (("poll_interval: 5s", "poll_interval: 5s\nmodels_max: 0"), "models_max", "at least 1"),
     (
         ("poll_interval: 5s", "poll_interval: 5s\nhealth_path: /slots"),
         "health_path",

@@ -153,6 +153,7 @@ SETTING_PARSERS: dict[str, Any] = {
     "unhealthy_latency": parse_optional_duration,
     "max_fails": parse_count,
     "recovery_polls": parse_count,
+    "models_max": parse_count,
 }
 
 

@@ -55,6 +55,9 @@ class HostSettings:
     """Consecutive failed real requests before the host is marked down."""
     recovery_polls: int = 2
     """Good polls in a row before a host that failed is trusted again."""
+    models_max: int | None = None
+    """Models a router host runs at once (its ``--models-max``); ``None``: what the
+    router's own ``GET /props`` says (``max_instances``), else unknown."""
 
 
 SETTING_KEYS = frozenset(attrs.fields_dict(HostSettings))

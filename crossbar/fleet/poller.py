@@ -4,11 +4,12 @@
 It never asks ``/slots``, ``/metrics`` or a plain ``/props?model=``: in router mode those
 make llama-server load a model. After a good list it asks a few models the host lists as
 loaded for their slots with ``/props?model=X&autoload=false``, which a router answers
-for a loaded X only and loads nothing for (see :mod:`crossbar.fleet.capacity`); an answer
-it cannot use leaves the slots unknown and the host up. What it learns goes into the
-:class:`HealthTable`. A host with an ``api_key`` gets it on every poll
-(``llama-server --api-key`` refuses ``/v1/models`` without it); the client it is given
-asks for no compression.
+for a loaded X only and loads nothing for (see :mod:`crossbar.fleet.capacity`), and now
+and then the router's own ``/props``, without ``?model=``, for its room
+(:mod:`crossbar.fleet.room`); an answer it cannot use leaves either unknown and the host up.
+What it learns goes into the :class:`HealthTable`. A host with an ``api_key`` gets it on
+every poll (``llama-server --api-key`` refuses ``/v1/models`` without it); the client it
+is given asks for no compression.
 
 A model list is digested as it arrives, and read only when it differs from the host's
 last one: a list does not change between most polls, and reading a long one costs more
@@ -35,6 +36,7 @@ from twisted.web.iweb import IResponse
 from crossbar.config.secrets import Secret
 from crossbar.fleet.capacity import MAX_PROPS_BODY, SlotAsks, props_path, total_slots
 from crossbar.fleet.listing import ModelList, read_models
+from crossbar.fleet.room import ROOM_PATH, RoomAsks, read_room
 from crossbar.fleet.state import HealthTable
 from crossbar.upstream.failures import describe, is_cancellation, stop_producing
 
@@ -179,6 +181,7 @@ class Poller(Service):
         """What each host's last model list read gave, by the digest of its answer."""
         self._asks: dict[str, SlotAsks] = {}
         """Which of each host's loaded models were asked for their slots, and when."""
+        self._room_asks = RoomAsks()
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -218,6 +221,7 @@ class Poller(Service):
         """Stop polling a host; a poll of it under way is cancelled and not recorded."""
         self._lists.pop(name, None)
         self._asks.pop(name, None)
+        self._room_asks.forget(name)
         loop = self._loops.pop(name, None)
         if loop is not None and loop.running:
             loop.stop()
@@ -281,13 +285,18 @@ class Poller(Service):
             self._failed(name, f"poll: {describe(e)}")
         else:
             listed, note = models.listed, models.note
-            self.table.record_ok(name, models.loaded, models.known, listed=listed, note=note)
+            loading = models.loading
+            self.table.record_ok(
+                name, models.loaded, models.known, listed=listed, note=note, loading=loading
+            )
             await self._learn_slots(name, state.url, models.loaded, timeout)
+            await self._learn_room(name, state.url, timeout)
 
     def _failed(self, name: str, reason: str) -> None:
         """Record a failed poll; a host that failed may have restarted with other
         ``-np``: every loaded model's slots are asked again once it answers."""
         self._asks.pop(name, None)
+        self._room_asks.forget(name)
         self.table.record_failure(name, reason)
 
     async def _learn_slots(
@@ -311,6 +320,21 @@ class Poller(Service):
         else:
             slots = total_slots(body)
         self.table.record_slots(name, model, slots)
+
+    async def _learn_room(self, name: str, url: str, timeout: float) -> None:
+        """Now and then, the host's own ``/props``, asked without ``?model=`` (which would
+        load a model): a router's ``max_instances``. An answer it cannot use changes nothing."""
+        if self._stopping or self.table.get(name) is None:  # asks cancelled: stop here
+            return
+        if not self._room_asks.due(name, self._clock.seconds()):
+            return
+        try:
+            body = await self._get(name, url + ROOM_PATH, "props", timeout, None)
+        except CancelledError:
+            raise
+        except Exception:  # refused, timed out, too long: the room stays as it was
+            return
+        self.table.record_room(name, read_room(body))
 
     def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
         """The host's list: what the last one read gave when the answer is the same to

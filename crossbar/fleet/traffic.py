@@ -11,6 +11,9 @@ from typing import Any
 from crossbar.fleet.policies import Policies
 from crossbar.fleet.queue import FairQueue
 
+MAX_LAST_USED = 4096
+"""Host and model pairs whose last use is kept: a lab's hosts times its models."""
+
 
 class Traffic:
     """Counters kept as plain dicts: they are read and written on every request."""
@@ -23,6 +26,9 @@ class Traffic:
         """Requests in flight per host and model (a model's slots are its own in router
         mode); an entry goes with its last request, so a client's made-up model names
         cannot grow it."""
+        self.last_used: dict[tuple[str, str | None], float] = {}
+        """When each host last started or ended a request for each model (the clock's
+        seconds): how long a loaded model has been idle. Held to :data:`MAX_LAST_USED`."""
         self.slots: dict[str, int] = dict(slots or {})
         """Each host's ``slots:`` from the config."""
         self.freed: Callable[[str, str | None], None] | None = None
@@ -64,9 +70,14 @@ class Traffic:
         self.policies.reload(routes, slots)
         return left
 
-    def move(self, old: str | None, new: str | None, model: str | None = None) -> None:
-        """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any)."""
+    def move(
+        self, old: str | None, new: str | None, model: str | None = None, now: float | None = None
+    ) -> None:
+        """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any),
+        at ``now`` (when given: the hosts' last use of the model)."""
         busy = self.busy
+        if now is not None:
+            self._used(old, new, model, now)
         if old is not None:
             self.in_flight[old] -= 1
             left = busy[old, model] - 1
@@ -82,6 +93,17 @@ class Traffic:
             busy[new, model] = busy.get((new, model), 0) + 1
         if old is not None and self.freed is not None:
             self.freed(old, model)
+
+    def _used(self, old: str | None, new: str | None, model: str | None, now: float) -> None:
+        last = self.last_used
+        for host in (old, new):
+            if host is not None:
+                last.pop((host, model), None)  # re-inserted last: the dict stays oldest first
+                last[host, model] = now
+        if len(last) > MAX_LAST_USED:  # clients' made-up model names: the oldest idle go
+            idle = [k for k in last if k not in self.busy][: len(last) - MAX_LAST_USED // 2]
+            for key in idle:
+                del last[key]
 
     def full(self, host: str, model: str | None, learned: Mapping[str, int]) -> bool:
         """Whether every slot ``host`` has for ``model`` is taken: its ``slots:`` from the

@@ -38,7 +38,8 @@ of one token together, as llama-server does), and its tokens are not a tokenizer
 """
 
 from crossbar.testing.simulator.cache import CacheState, Prefill
-from crossbar.testing.simulator.host import Fault, RecordedRequest, SimulatedHost
+from crossbar.testing.simulator.host import SimulatedHost
+from crossbar.testing.simulator.recorded import Fault, RecordedRequest
 from crossbar.testing.simulator.replies import BUILD_INFO
 
 __all__ = ["BUILD_INFO", "CacheState", "Fault", "Prefill", "RecordedRequest", "SimulatedHost"]
