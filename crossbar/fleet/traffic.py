@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from crossbar.fleet.placement import Usage
 from crossbar.fleet.policies import Policies
 from crossbar.fleet.queue import FairQueue
 
@@ -33,7 +34,9 @@ class Traffic:
         """Each host's ``slots:`` from the config."""
         self.freed: Callable[[str, str | None], None] | None = None
         """Told when a request leaves a host: one of its slots for that model is free."""
-        self.policies = Policies(routes, slots)
+        self.usage = Usage(self.busy, self.last_used)
+        """A live view of both, for the policies' choice of where to load a model."""
+        self.policies = Policies(routes, slots, self.usage)
         """One of each policy, with its state; a route asks its own."""
         self.queue: FairQueue[Any] = FairQueue()
         """Requests waiting in crossbar for a slot (:mod:`crossbar.server.waiting`): it

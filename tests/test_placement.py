@@ -1,0 +1,109 @@
+"""crossbar.fleet.placement: where a model loaded on no healthy host of a group is loaded."""
+
+from __future__ import annotations
+
+import math
+
+from crossbar.fleet.placement import (
+    BUSY,
+    EVICTS,
+    FREE,
+    LOADING,
+    NO_AUTOLOAD,
+    UNKNOWN,
+    Usage,
+    cheapest,
+    rank,
+)
+from crossbar.fleet.state import HostState
+
+KNOWN = ("a", "b", "c", "d")
+
+
+def host(
+    name: str, loaded: tuple[str, ...] = (), room: int | None = 2, **more: object
+) -> HostState:
+    return HostState(
+        name,
+        f"http://{name}",
+        True,
+        loaded,
+        KNOWN,
+        max_instances=room,
+        **more,  # type: ignore[arg-type]
+    )
+
+
+def hosts_of(loads: list | None) -> list[str] | None:  # type: ignore[type-arg]
+    return None if loads is None else [load.host for load in loads]
+
+
+def test_a_host_with_a_free_instance_comes_first() -> None:
+    group = [host("h0", ("a", "b")), host("h1", ("c",)), host("h2", ())]
+    loads = cheapest(group, "d", Usage(), 100.0)
+    assert hosts_of(loads) == ["h1", "h2"]  # both have room: the policy breaks the tie
+    assert loads is not None and loads[0].rank == FREE and loads[0].free == 1
+
+
+def test_else_the_host_whose_idle_victim_has_been_idle_longest() -> None:
+    group = [host("h0", ("a", "b")), host("h1", ("c", "d"))]
+    usage = Usage(last_used={("h0", "a"): 90.0, ("h0", "b"): 80.0, ("h1", "c"): 50.0,
+                             ("h1", "d"): 95.0})  # fmt: skip
+    loads = cheapest(group, "e", usage, 100.0)
+    assert loads is not None and len(loads) == 1
+    (load,) = loads
+    assert (load.host, load.rank, load.evicts, load.idle) == ("h1", EVICTS, "c", 50.0)
+    assert load.to_json() == {
+        "host": "h1",
+        "why": "evicts idle model",
+        "evicts": "c",
+        "evicts_idle_seconds": 50,
+        "instances": 2,
+        "free": 0,
+    }
+
+
+def test_never_a_host_whose_models_are_all_busy_while_another_has_an_idle_one() -> None:
+    group = [host("h0", ("a", "b")), host("h1", ("c", "d"))]
+    usage = Usage(busy={("h0", "a"): 1, ("h0", "b"): 2, ("h1", "c"): 1})
+    assert hosts_of(cheapest(group, "e", usage, 100.0)) == ["h1"]
+    assert rank(group[0], "e", usage, 100.0).rank == BUSY
+    evicts = rank(group[1], "e", usage, 100.0)
+    assert (evicts.evicts, evicts.idle) == ("d", math.inf)  # never used through crossbar
+
+
+def test_a_model_being_loaded_somewhere_waits_for_that_load() -> None:
+    group = [host("h0", ()), host("h1", ("a",), loading=("b",))]
+    assert hosts_of(cheapest(group, "b", Usage(), 0.0)) == ["h1"]
+    assert rank(group[1], "b", Usage(), 0.0).rank == LOADING
+    # crossbar's own request for it in flight there counts as a load too
+    usage = Usage(busy={("h0", "c"): 1})
+    assert hosts_of(cheapest([host("h1", ("a", "b")), host("h0", ())], "c", usage, 0.0)) == ["h0"]
+
+
+def test_requests_in_flight_for_a_model_not_listed_take_an_instance() -> None:
+    h = host("h0", ("a",))
+    assert rank(h, "c", Usage(busy={("h0", "b"): 1}), 0.0).rank == EVICTS
+    assert rank(h, "c", Usage(busy={("h0", "zzz"): 1}), 0.0).rank == FREE  # not a model it knows
+
+
+def test_no_room_known_anywhere_leaves_the_choice_to_the_policy() -> None:
+    group = [host("h0", ("a",), room=None), host("h1", (), room=None)]
+    assert cheapest(group, "b", Usage(), 0.0) is None
+    assert cheapest([host("h0", ("a",))], None, Usage(), 0.0) is None
+    assert cheapest([host("h0", ("a",)), host("h1")], "a", Usage(), 0.0) is None  # loaded
+
+
+def test_unknown_rooms_rank_after_known_ones_and_before_busy_ones() -> None:
+    busy = Usage(busy={("h0", "a"): 1, ("h0", "b"): 1})
+    group = [host("h0", ("a", "b")), host("h1", ("c",), room=None)]
+    assert hosts_of(cheapest(group, "d", busy, 0.0)) == ["h1"]
+    assert rank(group[1], "d", busy, 0.0).rank == UNKNOWN
+    assert hosts_of(cheapest([*group, host("h2", ("c",))], "d", busy, 0.0)) == ["h2"]
+
+
+def test_a_router_that_does_not_autoload_comes_last() -> None:
+    group = [host("h0", (), autoload=False), host("h1", ("a", "b"))]
+    busy = Usage(busy={("h1", "a"): 1, ("h1", "b"): 1})
+    assert rank(group[0], "c", busy, 0.0).rank == NO_AUTOLOAD
+    assert hosts_of(cheapest(group, "c", busy, 0.0)) == ["h1"]
