@@ -28,6 +28,7 @@ from crossbar.config.fields import shown_listen
 from crossbar.fleet import Observers
 from crossbar.hosts import Hosts
 from crossbar.pages.app import StatusApp
+from crossbar.pages.loads import ModelEvents
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
 from crossbar.server.accesslog import AccessLog
@@ -66,6 +67,9 @@ class Crossbar(MultiService):
         self.recent = hosts.recent
         self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
+        self.model_events = ModelEvents(self.traffic.usage, reactor)
+        self.table.models_changed = self.model_events.seen  # loads and evictions, logged
+        self.metrics.registry.register(self.model_events)  # and counted
         self._observer = Observers(self.metrics, self.recent, AccessLog(self.table.knows))
         self.waits = Waits(self.traffic, self.table, reactor)
         self.proxy = ProxyResource(self._context(config))

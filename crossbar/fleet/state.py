@@ -121,6 +121,9 @@ class HealthTable:
         self._listeners: list[Callable[[HostState, HostState], None]] = []
         self.slots_learned: Callable[[], None] | None = None
         """Told when what a host said of its models' slots changed."""
+        self.models_changed: Callable[[HostState, HostState], None] | None = None
+        """Told ``(old, new)`` when a poll lists other models loaded than the last one did
+        (not at a host's first poll): the loads and evictions a router made."""
         self._models: frozenset[str] = frozenset()
         self._rooms: dict[str, Room] = {}
         """What each host's own ``/props`` said of its room."""
@@ -212,24 +215,25 @@ class HealthTable:
         loaded = tuple(sorted(set(loaded)))
         consecutive = old.consecutive + 1
         healthy = not old.has_failed or consecutive >= self.settings[name].recovery_polls
-        self._set(
-            attrs.evolve(
-                old,
-                healthy=healthy,
-                fails=0 if healthy and not old.healthy else old.fails,
-                loaded=loaded,
-                known=known,
-                loading=tuple(sorted(set(loading))),
-                slots={m: n for m, n in old.slots.items() if m in loaded},
-                consecutive=consecutive,
-                last_ok=self._clock.seconds(),
-                last_err="",
-                polled=True,
-                polls=old.polls + 1,
-                models_listed=len(known) if listed is None else listed,
-                models_note=note,
-            )
+        new = attrs.evolve(
+            old,
+            healthy=healthy,
+            fails=0 if healthy and not old.healthy else old.fails,
+            loaded=loaded,
+            known=known,
+            loading=tuple(sorted(set(loading))),
+            slots={m: n for m, n in old.slots.items() if m in loaded},
+            consecutive=consecutive,
+            last_ok=self._clock.seconds(),
+            last_err="",
+            polled=True,
+            polls=old.polls + 1,
+            models_listed=len(known) if listed is None else listed,
+            models_note=note,
         )
+        self._set(new)
+        if old.last_ok is not None and old.loaded != loaded and self.models_changed is not None:
+            self.models_changed(old, new)
 
     def record_slots(self, name: str, model: str, slots: int | None) -> None:
         """What the host said of a loaded model's slots (``None``: nothing usable). Kept

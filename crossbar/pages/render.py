@@ -19,7 +19,9 @@ from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer,
 from crossbar.config import DEMO_SOURCE, Config, RouteConfig
 from crossbar.config.changes import Reloads
 from crossbar.fleet import HostRecent, HostState, RouteAffinity, routes_down
+from crossbar.fleet.placement import Load, Usage
 from crossbar.fleet.recent import WINDOW_SECONDS
+from crossbar.pages.loads import instances_words, load_words, model_notes
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
 
@@ -160,19 +162,17 @@ def _names(names: Sequence[str]) -> Flattenable:
 
 
 def _models(
-    names: Sequence[str], note: str = "", slots: Mapping[str, int] | None = None
+    names: Sequence[str], note: str = "", notes: Mapping[str, str] | None = None
 ) -> Flattenable:
     """Model ids, each kept on one line: a browser would break ``qwen3-coder-30b`` at a
     hyphen, and a reader would see two models. The first :data:`PAGE_MODELS` only, then
-    how many more; ``note`` says what of the host's list was left out, ``slots`` how many
-    slots each runs, where known."""
+    how many more; ``note`` says what of the host's list was left out (or the room the
+    loaded ones take), ``notes`` something of each (its slots, its requests in flight)."""
     shown: Flattenable = _muted("none")
-    slots = slots or {}
+    notes = notes or {}
     if names:
         spans = (
-            tags.span(
-                name, _muted(f" ({slots[name]} slots)") if name in slots else "", class_="model"
-            )
+            tags.span(name, _muted(f" ({notes[name]})") if name in notes else "", class_="model")
             for name in names[:PAGE_MODELS]
         )
         shown = _joined(", ", spans)
@@ -225,6 +225,10 @@ class StatusPage(Element):
     reloads: Reloads | None = attrs.field(kw_only=True, default=None)
     waiting: Mapping[str, Mapping[str, Any]] = attrs.field(kw_only=True, factory=dict)
     """Each route with requests waiting in crossbar for a slot: how many, the oldest wait."""
+    loads: Mapping[str, Load] = attrs.field(kw_only=True, factory=dict)
+    """Each route whose default model is loaded on no healthy host: where it would load."""
+    usage: Usage = attrs.field(kw_only=True, factory=Usage)
+    """Requests in flight and last use per host and model (a router's loaded models)."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -302,7 +306,7 @@ class StatusPage(Element):
             "state": _mark(state.state),
             "last_ok": self._last_ok(state),
             "error": tags.span(state.last_err, class_="err") if state.last_err else "",
-            "loaded": _models(state.loaded, slots=state.slots),
+            "loaded": self._loaded(state),
             "known": _models(state.known, state.models_note),
             "consecutive": str(state.consecutive),
             "in_flight": str(self.in_flight.get(name, 0)),
@@ -329,7 +333,7 @@ class StatusPage(Element):
             "policy": shown if len(shown) > 1 else policy,
             "members": _joined(" ", (self._member(host) for host in route.hosts)),
             "model": _muted("none (first healthy host)") if model is None else model,
-            "goes_to": self._goes_to(self.choices.get(name), model),
+            "goes_to": self._goes_to(self.choices.get(name), model, self.loads.get(name)),
         }
 
     def _last_ok(self, state: HostState) -> Flattenable:
@@ -342,7 +346,14 @@ class StatusPage(Element):
         state = self.states[host].state if host in self.states else "unknown"
         return tags.span(host, class_=f"mark {state}")
 
-    def _goes_to(self, choice: str | None, model: str | None) -> Flattenable:
+    def _loaded(self, state: HostState) -> Flattenable:
+        """The loaded models, each with its slots and (on a router) its requests in flight
+        or idle time, then the room they take: "2 of 4 instances"."""
+        shown = _models(state.loaded, notes=model_notes(state, self.usage, self.now))
+        room = instances_words(state, self.usage)
+        return shown if room is None else [shown, tags.br(), tags.small(room, class_="muted")]
+
+    def _goes_to(self, choice: str | None, model: str | None, load: Load | None) -> Flattenable:
         """Where the route sends a request for its default model now, and whether that
         host has the model loaded; ``try_all`` may pick a host that is down."""
         if choice is None:
@@ -354,7 +365,8 @@ class StatusPage(Element):
         if held == "loaded":
             return [tags.b(choice), " ", _muted(f"({model} loaded)")]
         if held == "known":
-            return [tags.b(choice), " ", _muted(f"(knows {model}; would load it)")]
+            said = f"(knows {model}; would load it)" if load is None else load_words(load, model)
+            return [tags.b(choice), " ", _muted(said)]
         if held == "not listed":
             return [
                 tags.b(choice),
