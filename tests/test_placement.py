@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import pytest_twisted
+from twisted.internet.defer import Deferred
+
 from crossbar.fleet.placement import (
     BUSY,
     EVICTS,
@@ -16,6 +19,8 @@ from crossbar.fleet.placement import (
     rank,
 )
 from crossbar.fleet.state import HostState
+from crossbar.testing import SimulatedHost
+from crossbar.testing.rig import rigs
 
 KNOWN = ("a", "b", "c", "d")
 
@@ -107,3 +112,25 @@ def test_a_router_that_does_not_autoload_comes_last() -> None:
     busy = Usage(busy={("h1", "a"): 1, ("h1", "b"): 1})
     assert rank(group[0], "c", busy, 0.0).rank == NO_AUTOLOAD
     assert hosts_of(cheapest(group, "c", busy, 0.0)) == ["h1"]
+
+
+# -- through a running crossbar, in front of two simulated routers --------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_model_loaded_nowhere_loads_on_the_free_router_once() -> None:
+    """The issue's fleet: two routers of one instance each, A loaded on the first. Under
+    ``priority`` B used to evict A on the first; now it loads on the second, and requests
+    for it while it loads wait for that one load."""
+    first = SimulatedHost({"A": "loaded", "B": "unloaded"}, models_max=1, load_time=0.3)
+    second = SimulatedHost({"A": "unloaded", "B": "unloaded"}, models_max=1, load_time=0.3)
+    async with rigs() as make:
+        rig = await make({"h0": first, "h1": second})
+        assert rig.state("h0").max_instances == 1
+        asks = [rig.post("/lab/v1/chat/completions", {"model": "B"}) for _ in range(3)]
+        answers = [Deferred.fromCoroutine(ask) for ask in asks]  # all three at once
+        done = [await answer for answer in answers]
+        assert [r.headers.getRawHeaders("x-crossbar-host") for r, _ in done] == [["h1"]] * 3
+        assert second.loads == {"B": 1} and first.loads == {} and first.status("A") == "loaded"
+        response, _ = await rig.post("/lab/v1/chat/completions", {"model": "A"})
+        assert response.headers.getRawHeaders("x-crossbar-host") == ["h0"]
