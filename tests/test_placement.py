@@ -134,3 +134,32 @@ async def test_a_model_loaded_nowhere_loads_on_the_free_router_once() -> None:
         assert second.loads == {"B": 1} and first.loads == {} and first.status("A") == "loaded"
         response, _ = await rig.post("/lab/v1/chat/completions", {"model": "A"})
         assert response.headers.getRawHeaders("x-crossbar-host") == ["h0"]
+
+
+# -- spillover: one more copy when every host with the model has all its slots busy -------------
+
+
+def test_one_more_copy_starts_only_when_every_copy_is_full() -> None:
+    from crossbar.fleet.placement import spill_places
+
+    full = {("h0", "a"): 2}
+    hosts = [host("h0", ("a",), slots={"a": 2}), host("h1", ("b",)), host("h2", ("b", "c"))]
+    assert hosts_of(spill_places(hosts, "a", Usage(full), 0.0)) == ["h1"]  # a free instance
+    assert spill_places(hosts, "a", Usage({("h0", "a"): 1}), 0.0) == []  # a slot is free
+    slots_unknown = [host("h0", ("a",)), *hosts[1:]]
+    assert spill_places(slots_unknown, "a", Usage(full), 0.0) == []  # never full: unknown
+
+
+def test_a_spill_never_evicts_a_busy_model_and_starts_one_load_at_a_time() -> None:
+    from crossbar.fleet.placement import spill_places
+
+    hosts = [host("h0", ("a",), slots={"a": 1}), host("h1", ("b", "c"))]
+    busy = Usage({("h0", "a"): 1, ("h1", "b"): 1, ("h1", "c"): 1})
+    assert spill_places(hosts, "a", busy, 0.0) == []
+    idle_c = Usage({("h0", "a"): 1, ("h1", "b"): 1})
+    (load,) = spill_places(hosts, "a", idle_c, 0.0)
+    assert (load.host, load.evicts) == ("h1", "c")
+    loading = [*hosts, host("h2", (), loading=("a",))]
+    assert spill_places(loading, "a", idle_c, 0.0) == []  # one load of it runs already
+    configured = Usage({("h0", "a"): 3}, slots={"h0": 3})  # slots: in the config counts
+    assert hosts_of(spill_places([host("h0", ("a",)), host("h1")], "a", configured, 0.0)) == ["h1"]

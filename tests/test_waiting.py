@@ -162,3 +162,20 @@ def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them()
         assert head.startswith(b"HTTP/1.1 503")
         assert json.loads(body) == {"error": "crossbar is stopping"}
     assert memory.traffic.queue.waiting() == 0
+
+
+def test_with_spillover_a_full_model_starts_one_more_copy_rather_than_wait() -> None:
+    """gpu-a has m loaded and its one slot busy; gpu-b knows m, has room for it (its
+    router said so) and has it not loaded. Without spillover the next request waits for
+    gpu-a; with it, it goes to gpu-b (one load); the one after waits: one load at a time."""
+    from crossbar.fleet.room import Room
+
+    for spillover, went in ((False, ["gpu-a"]), (True, ["gpu-a", "gpu-b"])):
+        memory = proxy(spillover=spillover)
+        memory.table.record_ok("gpu-b", [], ["m"])  # knows m, loaded nowhere but gpu-a
+        memory.table.record_room("gpu-b", Room(2, True))
+        ask(memory)
+        first = memory.accept()
+        ask(memory), ask(memory)
+        sent = [first.host, *memory.waiting]  # the hosts crossbar has connected to
+        assert sent == went, spillover

@@ -50,6 +50,7 @@ _ROUTE_KEYS = {
     "queue",
     "max_waiting",
     "wait_timeout",
+    "spillover",
 }
 _HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
@@ -336,6 +337,7 @@ def _route(
         r.convert(f"{key}.queue", parse_flag, body.get("queue", True)),
         r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
+        r.convert(f"{key}.spillover", parse_flag, body.get("spillover", False)),
     )
 
 

@@ -104,6 +104,10 @@ class RouteConfig:
     """Requests of this route waiting in crossbar at once; more are answered 429."""
     wait_timeout: float = 120.0
     """Seconds a request may wait in crossbar for a slot; then it is answered 429."""
+    spillover: bool = False
+    """When every host with the model loaded has all its slots busy and a request would
+    wait, start one more copy where it is cheapest (a free instance or an idle model to
+    evict), one load at a time per model."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

@@ -16,6 +16,9 @@ So, for a model that no healthy host of the group has loaded, the hosts that kno
 The best rank's hosts are left, in route order, for the route's policy to break the tie.
 With no room known on any of them (single-model hosts, routers that do not tell), placement
 says nothing: the policy picks as it always has.
+
+With ``spillover: true`` a route starts one more copy of a model whose hosts have every slot
+busy, rather than make the request wait (:func:`spill_places`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ class Usage:
     """Requests in flight."""
     last_used: Mapping[Key, float] = attrs.field(factory=dict)
     """When a request last started or ended; absent: not used since crossbar started."""
+    slots: Mapping[str, int] = attrs.field(factory=dict)
+    """Each host's ``slots:`` from the config (else what it said of each model counts)."""
+
+    def full(self, state: HostState, model: str) -> bool:
+        """Whether every slot ``state``'s host runs for ``model`` is taken (never when
+        unknown)."""
+        slots = self.slots.get(state.name) or state.slots.get(model)
+        return slots is not None and self.busy.get((state.name, model), 0) >= slots
 
     def idle(self, host: str, model: str, now: float) -> float:
         """Seconds ``model`` has had nothing in flight on ``host``; ``inf`` when crossbar
@@ -111,6 +122,26 @@ def rank(state: HostState, model: str, usage: Usage, now: float) -> Load:
         return Load(name, BUSY, free=0, instances=instances)
     seconds, victim = max(idle, key=lambda pair: pair[0])  # the least recently used idle one
     return Load(name, EVICTS, victim, seconds, 0, instances)
+
+
+def spill_places(
+    hosts: Sequence[HostState], model: str | None, usage: Usage, now: float
+) -> list[Load]:
+    """Where one more copy of ``model`` may start (``spillover: true``): the healthy
+    ``hosts`` of the route, when every one that has it loaded has all its slots for it
+    busy. Only a host with a free instance or an idle model to evict (never a busy one);
+    none while a load of it runs on any of them: one load at a time per model."""
+    if model is None:
+        return []
+    loaded = [s for s in hosts if model in s.loaded]
+    if not loaded or not all(usage.full(s, model) for s in loaded):
+        return []
+    loads = [rank(s, model, usage, now) for s in hosts if model not in s.loaded]
+    if any(load.rank == LOADING for load in loads):
+        return []
+    tier = [load for load in loads if load.rank in (FREE, EVICTS)]
+    best = min((load.rank for load in tier), default=None)
+    return [load for load in tier if load.rank == best]
 
 
 def cheapest(

@@ -34,7 +34,7 @@ class Traffic:
         """Each host's ``slots:`` from the config."""
         self.freed: Callable[[str, str | None], None] | None = None
         """Told when a request leaves a host: one of its slots for that model is free."""
-        self.usage = Usage(self.busy, self.last_used)
+        self.usage = Usage(self.busy, self.last_used, self.slots)
         """A live view of both, for the policies' choice of where to load a model."""
         self.policies = Policies(routes, slots, self.usage)
         """One of each policy, with its state; a route asks its own."""
@@ -69,7 +69,8 @@ class Traffic:
             else:
                 del self.in_flight[name]
                 self.leaving.pop(name, None)
-        self.slots = dict(slots)
+        self.slots.clear()  # in place: the usage view reads it
+        self.slots.update(slots)
         self.policies.reload(routes, slots)
         return left
 

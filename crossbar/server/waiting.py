@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from crossbar.config import Config, RouteConfig, matches
 from crossbar.fleet import HealthTable, Traffic, best_group
+from crossbar.fleet.placement import spill_places
 from crossbar.fleet.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.server.keys import offered
 
@@ -78,12 +79,19 @@ class Waits:
         return [s.name for s in group if full(s.name, model, s.slots)]
 
     def must_wait(self, route: RouteConfig, model: str | None, exclude: Iterable[str]) -> bool:
-        """Whether every host of the best group is known to be full (none: no waiting)."""
+        """Whether every host of the best group is known to be full (none: no waiting),
+        and (``spillover: true``) no other host can start one more copy of the model."""
         if not route.queue:
             return False
-        states, full = self.table.view, self.traffic.full
-        group = best_group(route.hosts, model, states, frozenset(exclude))
-        return bool(group) and all(full(s.name, model, s.slots) for s in group)
+        states, full, skip = self.table.view, self.traffic.full, frozenset(exclude)
+        group = best_group(route.hosts, model, states, skip)
+        if not group or not all(full(s.name, model, s.slots) for s in group):
+            return False
+        if route.spillover:
+            hosts = [states[h] for h in route.hosts if h not in skip and h in states]
+            healthy = [s for s in hosts if s.healthy]
+            return not spill_places(healthy, model, self.traffic.usage, self.clock.seconds())
+        return True
 
     def wait(
         self, waiter: Waiter, route: RouteConfig, model: str | None, flow: Flow
