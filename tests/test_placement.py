@@ -163,3 +163,21 @@ def test_a_spill_never_evicts_a_busy_model_and_starts_one_load_at_a_time() -> No
     assert spill_places(loading, "a", idle_c, 0.0) == []  # one load of it runs already
     configured = Usage({("h0", "a"): 3}, slots={"h0": 3})  # slots: in the config counts
     assert hosts_of(spill_places([host("h0", ("a",)), host("h1")], "a", configured, 0.0)) == ["h1"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_for_a_b_a_b_cause_two_loads_not_four() -> None:
+    """Two routers of one instance each, C and D loaded nowhere, asked C, D, C, D at once:
+    C loads on the first, D on the second (the first's only instance is taken by C's
+    load), and each later request joins its model's load."""
+    first = SimulatedHost({"C": "unloaded", "D": "unloaded"}, models_max=1, load_time=0.3)
+    second = SimulatedHost({"C": "unloaded", "D": "unloaded"}, models_max=1, load_time=0.3)
+    async with rigs() as make:
+        rig = await make({"h0": first, "h1": second})
+        asks = [rig.post("/lab/v1/chat/completions", {"model": m}) for m in "CDCD"]
+        answers = [Deferred.fromCoroutine(ask) for ask in asks]
+        done = [await answer for answer in answers]
+        hosts = [r.headers.getRawHeaders("x-crossbar-host") for r, _ in done]
+        assert hosts == [["h0"], ["h1"], ["h0"], ["h1"]]
+        assert (first.loads, second.loads) == ({"C": 1}, {"D": 1})
+        assert first.evictions == second.evictions == {}
