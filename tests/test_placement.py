@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest_twisted
@@ -181,3 +182,29 @@ async def test_requests_for_a_b_a_b_cause_two_loads_not_four() -> None:
         assert hosts == [["h0"], ["h1"], ["h0"], ["h1"]]
         assert (first.loads, second.loads) == ({"C": 1}, {"D": 1})
         assert first.evictions == second.evictions == {}
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_status_says_where_a_model_would_load_and_each_router_s_room() -> None:
+    from crossbar.config import RouteConfig
+
+    first = SimulatedHost({"A": "loaded", "B": "unloaded"}, models_max=1)
+    second = SimulatedHost({"A": "unloaded", "B": "unloaded"}, models_max=1)
+    routes = {"lab": RouteConfig("lab", ("h0", "h1"), "B")}
+    async with rigs() as make:
+        rig = await make({"h0": first, "h1": second}, routes)
+        _, body = await rig.get("/_crossbar/status")
+        status = json.loads(body)
+        assert status["routes"]["lab"]["choice"] == "h1"
+        assert status["routes"]["lab"]["load"] == {
+            "host": "h1",
+            "why": "free instance",
+            "instances": 1,
+            "free": 1,
+        }
+        h0 = status["hosts"]["h0"]
+        assert (h0["max_instances"], h0["instances"]) == (1, {"used": 1, "max": 1})
+        assert h0["models"] == {"A": {"in_flight": 0, "idle_seconds": None}}
+        _, page = await rig.get("/_crossbar/")
+        assert b"would load B: 1 of 1 instances free" in page
+        assert b"1 of 1 instances" in page and b"unused since crossbar started" in page
