@@ -8,7 +8,8 @@ answers ``--tokens`` 20 tokens ``--chunk-interval`` 20 ms apart; or, with ``--re
 models of skewed popularity: ``m-a`` has 4 agents, ``m-b`` 2, ``m-c`` and ``m-d`` 1 each. Each
 agent is bound to its model and holds one conversation of ``--turns`` streamed turns, ``--think``
 seconds apart (agents start 0.1 s apart). At the start ``m-a`` is loaded on ``gpu-1`` and nothing
-else anywhere. One crossbar route, ``priority``, hosts ``[gpu-1, gpu-2, gpu-3]``.
+else anywhere. One crossbar route, ``priority``, hosts ``[gpu-1, gpu-2, gpu-3]``. The issue's
+own setup is ``--hosts 2 --models-max 1 --agents m-a=3,m-b=3``.
 
 Two runs, each with fresh hosts and a fresh crossbar:
 
@@ -92,8 +93,8 @@ def start_crossbar(source: Path, urls: list[str], workdir: Path) -> Daemon:
 
 def start_simulator(args: argparse.Namespace, workdir: Path) -> tuple[list[Daemon], list[str]]:
     ports = [free_port() for _ in range(args.hosts)]
-    spec = ",".join(f"{m}={'loaded' if m == 'm-a' else 'unloaded'}" for m in MODELS)
-    rest = ",".join(MODELS)
+    spec = ",".join(f"{m}={'loaded' if m == 'm-a' else 'unloaded'}" for m in args.agents)
+    rest = ",".join(args.agents)
     argv = [sys.executable, "-m", "crossbar.testing.simulator", "--listen", str(ports[0])]
     argv += ["--models", spec, "--models-max", str(args.models_max)]
     argv += ["--load-time", str(args.load_time), "--unload-time", "0.1"]
@@ -113,7 +114,7 @@ def start_routers(args: argparse.Namespace, workdir: Path) -> tuple[list[Daemon]
     binary = llama_server_binary(args.llama_server)
     models = workdir / "models"
     script = REPO / "scripts" / "tiny_models.py"
-    subprocess.run([sys.executable, str(script), str(models), *MODELS], check=True)
+    subprocess.run([sys.executable, str(script), str(models), *args.agents], check=True)
     routers: list[Daemon] = []
     for _ in range(args.hosts):
         port = free_port()
@@ -249,7 +250,7 @@ def agents(port: int, args: argparse.Namespace, began: float) -> list[dict]:
             messages.append({"role": "assistant", "content": record["text"]})
             time.sleep(args.think)
 
-    pairs = [(m, n) for m, many in MODELS.items() for n in range(many)]
+    pairs = [(m, n) for m, many in args.agents.items() for n in range(many)]
     threads = [
         threading.Thread(target=agent, args=(m, i), daemon=True) for i, (m, _) in enumerate(pairs)
     ]
@@ -260,6 +261,12 @@ def agents(port: int, args: argparse.Namespace, began: float) -> list[dict]:
     return records
 
 
+def agents_of(spec: str) -> dict[str, int]:
+    """``m-a=3,m-b=3`` -> {"m-a": 3, "m-b": 3}."""
+    pairs = (item.partition("=") for item in spec.split(",") if item)
+    return {name: int(many) for name, _, many in pairs}
+
+
 def percentile(values: list[float], share: float) -> float | None:
     ordered = sorted(values)
     if not ordered:
@@ -267,7 +274,9 @@ def percentile(values: list[float], share: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000)
 
 
-def summarize(records: list[dict], watch: Watch, seconds: float) -> dict[str, Any]:
+def summarize(
+    records: list[dict], watch: Watch, seconds: float, models: dict[str, int]
+) -> dict[str, Any]:
     ok = [r for r in records if r["status"] == 200 and r["first"] is not None]
 
     def waited(r: dict) -> bool:
@@ -276,7 +285,7 @@ def summarize(records: list[dict], watch: Watch, seconds: float) -> dict[str, An
             for host, model, start, until in watch.loading
         )
 
-    ttft = {m: [r["first"] - r["sent"] for r in ok if r["model"] == m] for m in MODELS}
+    ttft = {m: [r["first"] - r["sent"] for r in ok if r["model"] == m] for m in models}
     every = [t for ts in ttft.values() for t in ts]
     hosts: dict[str, dict[str, int]] = {}
     for r in ok:
@@ -309,13 +318,19 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="real llama-server routers")
     parser.add_argument("--llama-server", help="the binary (default: scripts/llama-server.sh's)")
     parser.add_argument("--baseline-rev", default="main", help="today's crossbar (git revision)")
+    parser.add_argument(
+        "--agents",
+        type=agents_of,
+        default=MODELS,
+        help="agents per model, e.g. m-a=3,m-b=3 (m-a starts loaded on gpu-1)",
+    )
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     baseline = export(args.baseline_rev, Path(tempfile.mkdtemp(prefix="placement-base-")))
     results: dict[str, Any] = {
         "setup": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")}
-        | {"agents": MODELS, "hosts_kind": "llama-server" if args.real else "simulator"},
+        | {"hosts_kind": "llama-server" if args.real else "simulator"},
     }
     if args.real:
         results["setup"]["llama_server"] = version(llama_server_binary(args.llama_server))
@@ -329,7 +344,7 @@ def main() -> None:
             time.sleep(0.3)
             watch.stopped.set()
             watch.join()
-            results[run] = summarize(records, watch, seconds)
+            results[run] = summarize(records, watch, seconds, args.agents)
         print(f"{run}: {json.dumps(results[run])}", flush=True)
     text = json.dumps(results, indent=2)
     if args.out:

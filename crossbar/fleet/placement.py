@@ -48,10 +48,10 @@ class Usage:
     slots: Mapping[str, int] = attrs.field(factory=dict)
     """Each host's ``slots:`` from the config (else what it said of each model counts)."""
 
-    def full(self, state: HostState, model: str) -> bool:
-        """Whether every slot ``state``'s host runs for ``model`` is taken (never when
-        unknown)."""
-        slots = self.slots.get(state.name) or state.slots.get(model)
+    def full(self, state: HostState, model: str | None) -> bool:
+        """Whether every slot ``state``'s host runs for ``model`` is taken: its ``slots:``
+        from the config, else what it said of the model; never when unknown."""
+        slots = self.slots.get(state.name) or state.slots.get(model or "")
         return slots is not None and self.busy.get((state.name, model), 0) >= slots
 
     def idle(self, host: str, model: str, now: float) -> float:

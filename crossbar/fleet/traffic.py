@@ -108,9 +108,3 @@ class Traffic:
             idle = [k for k in last if k not in self.busy][: len(last) - MAX_LAST_USED // 2]
             for key in idle:
                 del last[key]
-
-    def full(self, host: str, model: str | None, learned: Mapping[str, int]) -> bool:
-        """Whether every slot ``host`` has for ``model`` is taken: its ``slots:`` from the
-        config, else what it said of the model (``learned``); never when unknown."""
-        slots = self.slots.get(host) or learned.get(model or "")
-        return slots is not None and self.busy.get((host, model), 0) >= slots

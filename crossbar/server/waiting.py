@@ -74,18 +74,18 @@ class Waits:
         """The hosts of the request's best group with every slot for ``model`` taken."""
         if not route.queue:
             return []
-        states, full = self.table.view, self.traffic.full
+        states, full = self.table.view, self.traffic.usage.full
         group = best_group(route.hosts, model, states, frozenset(exclude))
-        return [s.name for s in group if full(s.name, model, s.slots)]
+        return [s.name for s in group if full(s, model)]
 
     def must_wait(self, route: RouteConfig, model: str | None, exclude: Iterable[str]) -> bool:
         """Whether every host of the best group is known to be full (none: no waiting),
         and (``spillover: true``) no other host can start one more copy of the model."""
         if not route.queue:
             return False
-        states, full, skip = self.table.view, self.traffic.full, frozenset(exclude)
+        states, full, skip = self.table.view, self.traffic.usage.full, frozenset(exclude)
         group = best_group(route.hosts, model, states, skip)
-        if not group or not all(full(s.name, model, s.slots) for s in group):
+        if not group or not all(full(s, model) for s in group):
             return False
         if route.spillover:
             hosts = [states[h] for h in route.hosts if h not in skip and h in states]
