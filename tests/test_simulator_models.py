@@ -11,7 +11,6 @@ import pytest_twisted
 from twisted.internet.task import Clock
 
 from crossbar.testing import SimulatedHost
-from crossbar.testing.simulator.recorded import RecordedRequest
 from tests.test_simulator import chat, get_json, stub_for, watch
 
 
@@ -81,8 +80,3 @@ def test_two_requests_for_a_waiting_model_start_one_load() -> None:
     _step(clock, stub, 1.0)
     _step(clock, stub, 3.5)
     assert sim.loads == {"b": 1} and all(second)
-
-
-def test_a_recorded_request_reads_its_json_body() -> None:
-    recorded = RecordedRequest("POST", "/v1/chat/completions", {}, b'{"model": "a"}')
-    assert recorded.json() == {"model": "a"}
