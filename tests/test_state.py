@@ -478,3 +478,14 @@ def test_a_router_s_room_is_what_it_said_unless_the_config_says_otherwise() -> N
     table.set_hosts(urls, {"gpu-a": HostSettings(models_max=2)})  # a reload
     assert get(table).max_instances == 2 and get(table, "gpu-b").max_instances == 4
     table.record_room("nope", Room(4, True))  # an unknown host: ignored
+
+
+def test_a_host_at_a_new_address_forgets_what_its_old_router_said_of_its_room() -> None:
+    from crossbar.fleet.room import Room
+
+    table, _ = make_table()
+    table.record_room("gpu-a", Room(4, True))
+    table.record_room("gpu-b", Room(2, True))
+    urls = {"gpu-a": "http://10.0.0.9:8080", "gpu-b": "http://10.0.0.2:8080"}
+    table.set_hosts(urls, {})
+    assert get(table).max_instances is None and get(table, "gpu-b").max_instances == 2

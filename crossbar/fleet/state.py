@@ -153,10 +153,12 @@ class HealthTable:
             if name in self._states and name not in hosts:
                 states[name] = self._states[name]
                 new_settings[name] = self.settings[name]
+        before = dict(self._states)
         self._states.clear()  # in place: the live view stays valid
         self._states.update(states)
         self.settings = new_settings
-        self._rooms = {n: r for n, r in self._rooms.items() if n in states}
+        # A host that starts afresh (new, or at a new address) has its room asked again.
+        self._rooms = {n: r for n, r in self._rooms.items() if before.get(n) is states.get(n)}
         for name in states:
             self._apply_room(name)
         self._models = frozenset().union(*(s.known for s in states.values()))
