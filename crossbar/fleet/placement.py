@@ -116,8 +116,9 @@ def rank(state: HostState, model: str, usage: Usage, now: float) -> Load:
     free = instances - len(running)
     if free > 0:
         return Load(name, FREE, free=free, instances=instances)
-    idle = [(usage.idle(name, m, now), m) for m in sorted(state.loaded)]
-    idle = [(seconds, m) for seconds, m in idle if seconds > 0]
+    idle = [
+        (usage.idle(name, m, now), m) for m in sorted(state.loaded) if not usage.busy.get((name, m))
+    ]
     if not idle:
         return Load(name, BUSY, free=0, instances=instances)
     seconds, victim = max(idle, key=lambda pair: pair[0])  # the least recently used idle one
