@@ -28,6 +28,7 @@ from crossbar.config.fields import shown_listen
 from crossbar.fleet import Observers
 from crossbar.hosts import Hosts
 from crossbar.pages.app import StatusApp
+from crossbar.pages.loads import ModelEvents
 from crossbar.pages.metrics import Metrics
 from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
 from crossbar.server.accesslog import AccessLog
@@ -69,6 +70,9 @@ class Crossbar(MultiService):
         self.recent, self.hourly = hosts.recent, hosts.hourly
         self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
+        self.model_events = ModelEvents(self.traffic.usage, reactor)
+        self.table.models_changed = self.model_events.seen  # loads and evictions, logged
+        self.metrics.registry.register(self.model_events)  # and counted
         self.usage = _usage_ledger(config, reactor, self.table.knows)
         observers = (self.metrics, self.recent, self.hourly, AccessLog(self.table.knows))
         self._observer = Observers(*observers, *([self.usage] if self.usage else []))

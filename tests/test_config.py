@@ -209,6 +209,7 @@ MISTAKES = [
         "must be one of forwarded, merged",
     ),
     (("poll_interval: 5s", "poll_interval: 5s\nmax_fails: 0"), "max_fails", "at least 1"),
+    (("poll_interval: 5s", "poll_interval: 5s\nmodels_max: 0"), "models_max", "at least 1"),
     (
         ("poll_interval: 5s", "poll_interval: 5s\nhealth_path: /slots"),
         "health_path",
@@ -678,3 +679,16 @@ def test_a_route_s_queue_keys_are_checked(tmp_path: Path) -> None:
     assert (lab.queue, lab.max_waiting, lab.wait_timeout) == (False, 10, 30.0)
     wrong = MINIMAL + "    max_waiting: -1\n"
     assert error_of(tmp_path, wrong).startswith("routes.opencode-a.max_waiting: must be")
+
+
+def test_spillover_is_off_unless_a_route_turns_it_on(tmp_path: Path) -> None:
+    assert not load_config(write(tmp_path, MINIMAL)).routes["opencode-a"].spillover
+    config = load_config(write(tmp_path, MINIMAL + "    spillover: true\n"))
+    assert config.routes["opencode-a"].spillover
+    wrong = MINIMAL + "    spillover: sometimes\n"
+    assert error_of(tmp_path, wrong).startswith("routes.opencode-a.spillover: must be")
+
+
+def test_models_max_is_a_host_setting(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL.replace("poll_interval: 5s", "models_max: 2")))
+    assert {s.models_max for s in config.settings.values()} == {2}

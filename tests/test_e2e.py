@@ -66,7 +66,7 @@ async def test_openai_client_streaming(fleet: Rig) -> None:
     assert fleet.sims["gpu-b"].requests == [
         r
         for r in fleet.sims["gpu-b"].requests
-        if r.path in ("/health", "/v1/models") or r.path.startswith("/props?")  # polls
+        if r.path in ("/health", "/v1/models") or r.path.startswith("/props")  # polls
     ]
 
 

@@ -74,3 +74,45 @@ def test_cache_affinity_places_a_conversation_and_the_pages_ask_without_placing(
 
 def test_only_cache_affinity_reads_conversations() -> None:
     assert [name for name in POLICIES if places_conversations(route(name))] == ["cache_affinity"]
+
+
+# -- placement: a model loaded on no healthy host goes where it is cheapest to load --------------
+
+
+def _router(name: str, loaded: tuple[str, ...], room: int | None) -> HostState:
+    known = ("m1", "m2", "m3")
+    return HostState(name, f"http://{name}", True, loaded, known, max_instances=room)
+
+
+def test_every_policy_loads_a_model_where_it_is_cheapest() -> None:
+    from crossbar.fleet.placement import Usage
+
+    states = {
+        "a": _router("a", ("m1",), 1),
+        "b": _router("b", (), 1),
+        "c": _router("c", ("m3",), 1),
+    }
+    usage = Usage(busy={("a", "m1"): 1})
+    policies = Policies(["lab"], usage=usage)
+    for name in POLICIES:
+        lab = route(name)
+        choice = policies.of(lab).choose(lab, Ask("m2", Conversation(b"x" * 16)), states, {})
+        assert choice is not None and choice.host == "b", name  # the free instance
+        assert choice.placement is not None or choice.load is not None
+    # b busy too: c's idle model is evicted, never the busy m1 on a
+    states["b"] = _router("b", ("m3",), 1)
+    busy = Usage(busy={("a", "m1"): 1, ("b", "m3"): 2})
+    policy = Policies(["lab"], usage=busy).of(route("priority"))
+    choice = policy.choose(route("priority"), Ask("m2"), states, {}, commit=False)
+    assert choice is not None and choice.load is not None
+    assert (choice.host, choice.load.evicts) == ("c", "m3")
+    # the model loaded on a host: there, whatever the rooms say
+    loaded = policy.choose(route("priority"), Ask("m1"), states, {}, commit=False)
+    assert loaded is not None and (loaded.host, loaded.load) == ("a", None)
+
+
+def test_without_any_room_known_the_policy_picks_as_before() -> None:
+    states = {n: _router(n, ("m1",) if n == "a" else (), None) for n in ("a", "b", "c")}
+    lab = route("priority")
+    choice = Policies(["lab"]).of(lab).choose(lab, Ask("m2"), states, {})
+    assert choice is not None and (choice.host, choice.load) == ("a", None)  # the first

@@ -31,6 +31,7 @@ ROUTER_MODELS = {
 }
 
 
+ROUTER_PROPS = {"role": "router", "max_instances": 2, "models_autoload": True}
 NOT_LOADED = (400, b'{"error":{"code":400,"message":"model is not loaded"}}')
 
 
@@ -58,10 +59,16 @@ class FakeHost(Resource):
         self.hang_asks = False
         self.hang = False
         self.hanging: list[server.Request] = []
+        self.room: tuple[int, bytes] = (200, json.dumps(ROUTER_PROPS).encode())
+        self.room_asks = 0  # plain /props asks (the router's room), counted apart
 
     def render(self, request: server.Request) -> Any:
         assert request.uri is not None
         args = request.args
+        if request.uri == b"/props":
+            self.room_asks += 1
+            request.setResponseCode(self.room[0])
+            return self.room[1]
         if request.path == b"/props" and args.get(b"autoload") == [b"false"] and len(args) == 2:
             return self.ask(request, args[b"model"][0].decode())
         self.paths.append(request.uri)
@@ -719,3 +726,63 @@ def test_a_single_model_server_s_slots_are_learned_once() -> None:
         rig.clock.advance(5)
     assert host.asks == ["models/tiny-a.gguf"]
     assert rig.state("gpu-a").slots == {"models/tiny-a.gguf": 2}
+
+
+# -- room: the router's own /props, asked without ?model= ---------------------------------------
+
+
+def test_a_router_s_room_is_read_from_its_own_props_now_and_then() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    rig.poller.startService()
+    rig.client.flush()
+    state = rig.state("gpu-a")
+    assert (state.max_instances, state.autoload) == (2, True) and host.room_asks == 1
+    for _ in range(11):  # 55 s: not asked again yet
+        rig.clock.advance(5.0)
+        rig.client.flush()
+    assert host.room_asks == 1
+    host.room = (200, json.dumps({**ROUTER_PROPS, "max_instances": 3}).encode())
+    rig.clock.advance(5.0)
+    rig.client.flush()
+    assert host.room_asks == 2 and rig.state("gpu-a").max_instances == 3
+    rig.poller.stopService()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, b'{"total_slots": 4}'),  # a single-model server: no role
+        (500, b"{}"),
+        (200, b"not json"),
+        (200, b'{"role": "router", "max_instances": 0}'),
+    ],
+)
+def test_a_room_not_told_stays_unknown_and_the_host_up(answer: tuple[int, bytes]) -> None:
+    rig = make_rig("gpu-a")
+    rig.fleet.hosts["gpu-a"].room = answer
+    rig.poller.startService()
+    rig.client.flush()
+    state = rig.state("gpu-a")
+    assert state.healthy and state.max_instances is None
+    rig.poller.stopService()
+
+
+def test_models_max_in_the_config_overrides_what_the_router_says() -> None:
+    rig = make_rig("gpu-a")
+    rig.table.set_hosts({"gpu-a": "http://gpu-a:8080"}, {"gpu-a": HostSettings(models_max=1)})
+    rig.poller.startService()
+    rig.client.flush()
+    assert rig.state("gpu-a").max_instances == 1
+    assert rig.state("gpu-a").to_json()["max_instances"] == 1
+    rig.poller.stopService()
+
+
+def test_models_listed_as_loading_are_kept() -> None:
+    rig = make_rig("gpu-a")
+    listing = {"data": [{"id": "a", "status": {"value": "loading"}}, {"id": "b"}]}
+    rig.fleet.hosts["gpu-a"].models = (200, json.dumps(listing).encode())
+    rig.poller.startService()
+    rig.client.flush()
+    assert rig.state("gpu-a").loading == ("a",) and rig.state("gpu-a").loaded == ("b",)
+    rig.poller.stopService()

@@ -52,7 +52,7 @@ class Upstream(Resource):
         if request.uri == b"/v1/models":
             data = [{"id": m, "status": {"value": "loaded"}} for m in self.loaded]
             return json.dumps({"data": data, "object": "list"}).encode()
-        if request.uri.startswith(b"/props?"):  # the poller asking for slots: none said
+        if request.uri.startswith(b"/props"):  # the poller asking for slots or room: none said
             request.setResponseCode(404)
             return b'{"error":"not here"}'
         headers = {

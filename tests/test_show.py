@@ -135,5 +135,6 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "queue": True,
         "max_waiting": 256,
         "wait_timeout": 120.0,
+        "spillover": False,
     }
     assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load", "home_wait"}  # c_a only

@@ -460,3 +460,32 @@ def test_what_a_host_says_of_its_slots_is_told_once_it_changes() -> None:
     table.record_slots("gpu-a", "m", 4)  # the same again: nothing to tell
     table.record_slots("gpu-a", "m", 2)
     assert len(told) == 2
+
+
+# -- a router's room: what its /props said, and models_max: in the config ----------------------
+
+
+def test_a_router_s_room_is_what_it_said_unless_the_config_says_otherwise() -> None:
+    from crossbar.fleet.room import Room
+
+    table, _ = make_table(**{"gpu-b": HostSettings(models_max=1)})
+    assert get(table).max_instances is None and get(table, "gpu-b").max_instances == 1
+    table.record_room("gpu-a", Room(4, True))
+    table.record_room("gpu-b", Room(4, False))
+    assert (get(table).max_instances, get(table).autoload) == (4, True)
+    assert (get(table, "gpu-b").max_instances, get(table, "gpu-b").autoload) == (1, False)
+    urls = {"gpu-a": "http://10.0.0.1:8080", "gpu-b": "http://10.0.0.2:8080"}
+    table.set_hosts(urls, {"gpu-a": HostSettings(models_max=2)})  # a reload
+    assert get(table).max_instances == 2 and get(table, "gpu-b").max_instances == 4
+    table.record_room("nope", Room(4, True))  # an unknown host: ignored
+
+
+def test_a_host_at_a_new_address_forgets_what_its_old_router_said_of_its_room() -> None:
+    from crossbar.fleet.room import Room
+
+    table, _ = make_table()
+    table.record_room("gpu-a", Room(4, True))
+    table.record_room("gpu-b", Room(2, True))
+    urls = {"gpu-a": "http://10.0.0.9:8080", "gpu-b": "http://10.0.0.2:8080"}
+    table.set_hosts(urls, {})
+    assert get(table).max_instances is None and get(table, "gpu-b").max_instances == 2

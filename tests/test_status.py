@@ -4,6 +4,7 @@ end (real loopback sockets, simulated llama-server hosts, a headless Chromium) f
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from twisted.internet.task import Clock
 from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, Config, HostSettings, RouteConfig, parse_config
 from crossbar.fleet import HealthTable, RecentTraffic, RequestRecord
+from crossbar.fleet.placement import Usage
 from crossbar.fleet.policies import Policies, RoundRobin
 from crossbar.fleet.queue import FairQueue, Flow
 from crossbar.pages.app import StatusApp, base_url
@@ -137,6 +139,7 @@ class FakeProxy:
     turns: dict[str, int] = attrs.Factory(dict)
     policies: Policies = attrs.field(init=False, factory=Policies)
     queue: FairQueue[object] = attrs.field(init=False, factory=FairQueue)
+    usage: Usage = attrs.field(init=False, factory=Usage)
 
     def __attrs_post_init__(self) -> None:
         round_robin = self.policies.named("round_robin")
@@ -936,7 +939,8 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     hosts = {row["Host"].split()[0]: row for row in page.tables["hosts"]}
     assert set(hosts) == {"gpu-a", "gpu-b"}
     assert hosts["gpu-a"]["State"] == "\u25cf up"
-    assert hosts["gpu-a"]["Loaded"] == "m1 (4 slots)"
+    # a router: each loaded model with its slots and idle time, then the room they take
+    assert re.fullmatch(r"m1 \(4 slots; idle \d+ s\) 1 of 4 instances", hosts["gpu-a"]["Loaded"])
     assert hosts["gpu-a"]["Requests, 5 min"] == "3"
     assert hosts["gpu-b"]["State"] == "\u25bc down"
     assert hosts["gpu-b"]["Last error"] == f"health: {SCRIPT}"

@@ -302,3 +302,20 @@ def test_with_home_wait_0_a_turn_never_waits_for_its_own_host() -> None:
     assert memory.traffic.queue.waiting() == 0
     # Sent at once, as before: to its own host (a new connection, the host queues it).
     assert (asked(own), asked(other), memory.waiting) == (1, 1, [own.host])
+
+
+def test_with_spillover_a_full_model_starts_one_more_copy_rather_than_wait() -> None:
+    """gpu-a has m loaded and its one slot busy; gpu-b knows m, has room for it (its
+    router said so) and has it not loaded. Without spillover the next request waits for
+    gpu-a; with it, it goes to gpu-b (one load); the one after waits: one load at a time."""
+    from crossbar.fleet.room import Room
+
+    for spillover, went in ((False, ["gpu-a"]), (True, ["gpu-a", "gpu-b"])):
+        memory = proxy(spillover=spillover)
+        memory.table.record_ok("gpu-b", [], ["m"])  # knows m, loaded nowhere but gpu-a
+        memory.table.record_room("gpu-b", Room(2, True))
+        ask(memory)
+        first = memory.accept()
+        ask(memory), ask(memory)
+        sent = [first.host, *memory.waiting]  # the hosts crossbar has connected to
+        assert sent == went, spillover

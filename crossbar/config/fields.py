@@ -179,6 +179,10 @@ def parse_optional_duration(value: object) -> float | None:
     return None if value is None else parse_duration(value)
 
 
+def parse_optional_count(value: object) -> int | None:
+    return None if value is None else parse_count(value)
+
+
 SETTING_PARSERS: dict[str, Any] = {
     "poll_interval": parse_duration,
     "poll_timeout": parse_duration,
@@ -190,6 +194,7 @@ SETTING_PARSERS: dict[str, Any] = {
     "unhealthy_latency": parse_optional_duration,
     "max_fails": parse_count,
     "recovery_polls": parse_count,
+    "models_max": parse_optional_count,
 }
 
 

@@ -42,19 +42,9 @@ from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, expand, mask_
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
-_ROUTE_KEYS = {
-    "hosts",
-    "default_model",
-    "policy",
-    "when_all_down",
-    "list_models",
-    "api_keys",
-    "affinity_max_load",
-    "queue",
-    "max_waiting",
-    "wait_timeout",
-    "home_wait",
-}
+_ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
+_ROUTE_KEYS |= {"affinity_max_load", "home_wait", "queue", "max_waiting", "wait_timeout"}
+_ROUTE_KEYS |= {"spillover"}
 _HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 _HOST_KEYS = {"url", "api_key", "tls_ca", "slots"} | SETTING_KEYS
@@ -356,6 +346,7 @@ def _route(
         r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
         _home_wait(r, key, body, policy),
+        r.convert(f"{key}.spillover", parse_flag, body.get("spillover", False)),
     )
 
 

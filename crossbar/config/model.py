@@ -59,6 +59,9 @@ class HostSettings:
     """Consecutive failed real requests before the host is marked down."""
     recovery_polls: int = 2
     """Good polls in a row before a host that failed is trusted again."""
+    models_max: int | None = None
+    """Models a router host runs at once (its ``--models-max``); ``None``: what the
+    router's own ``GET /props`` says (``max_instances``), else unknown."""
 
 
 SETTING_KEYS = frozenset(attrs.fields_dict(HostSettings))
@@ -114,6 +117,10 @@ class RouteConfig:
     """``cache_affinity``: seconds a turn whose host (where its conversation's prompt is
     cached) has every slot busy waits for a slot there before it takes another host's
     (0: sent on at once, as before). Moving prefills the whole conversation again."""
+    spillover: bool = False
+    """When every host with the model loaded has all its slots busy and a request would
+    wait, start one more copy where it is cheapest (a free instance or an idle model to
+    evict), one load at a time per model."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

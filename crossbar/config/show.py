@@ -97,4 +97,5 @@ def _route(route: RouteConfig) -> dict[str, Any]:
         "queue": route.queue,
         "max_waiting": route.max_waiting,
         "wait_timeout": route.wait_timeout,
+        "spillover": route.spillover,
     }

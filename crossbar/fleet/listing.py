@@ -74,6 +74,8 @@ class ModelList:
     """More than :data:`MAX_MODELS` models were listed: the rest were not read."""
     dropped: int = 0
     """Ids dropped (among those read): too long, or with a control character."""
+    loading: tuple[str, ...] = ()
+    """Models listed as ``loading`` (a router's), in the order listed."""
 
     @property
     def note(self) -> str:
@@ -97,6 +99,7 @@ def read_models(body: bytes) -> ModelList:
     entries = _entries(body)
     loaded: dict[str, None] = {}
     known: dict[str, None] = {}
+    loading: dict[str, None] = {}
     dropped = 0
     cut = False
     for entry in entries:
@@ -116,7 +119,9 @@ def read_models(body: bytes) -> ModelList:
             known[model_id] = None
         if _resident(entry):
             loaded[model_id] = None
-    return ModelList(tuple(loaded), tuple(known), len(entries), cut, dropped)
+        elif isinstance(entry.status, _Status) and entry.status.value == "loading":
+            loading[model_id] = None
+    return ModelList(tuple(loaded), tuple(known), len(entries), cut, dropped, tuple(loading))
 
 
 def parse_models(body: bytes) -> tuple[list[str], list[str]]:

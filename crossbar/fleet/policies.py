@@ -3,7 +3,9 @@ registry. The proxy and the status pages ask the route's policy the same questio
 page's "where a request goes now" is where the next request really goes.
 
 A policy picks within the route's best group (:func:`~crossbar.fleet.choice.best_group`:
-the healthy hosts with the model loaded, else those that know it, else all healthy ones):
+the healthy hosts with the model loaded, else those that know it, else all healthy ones;
+when none has it loaded and the hosts' room is known, only the cheapest places to load it,
+:func:`~crossbar.fleet.placement.cheapest`):
 
 - ``priority``: the first, in the route's order;
 - ``round_robin``: each route's turn, advanced by each request's first try;
@@ -25,6 +27,7 @@ import attrs
 from crossbar.config import POLICIES, RouteConfig
 from crossbar.fleet.affinity import Conversations, Placement
 from crossbar.fleet.choice import best_group
+from crossbar.fleet.placement import Load, Usage, cheapest
 from crossbar.fleet.state import HostState
 
 Group = Sequence[HostState]
@@ -59,6 +62,8 @@ class Choice:
     host: str
     placement: Placement | None = None
     """Where ``cache_affinity`` placed the request's conversation, and why."""
+    load: Load | None = None
+    """When the model is loaded on no healthy host of the group: what loading it there costs."""
 
 
 class Policy:
@@ -68,6 +73,9 @@ class Policy:
     name: ClassVar[str]
     reads_conversations: ClassVar[bool] = False
     """Whether the proxy should find each request's conversation for it (a cost per request)."""
+    usage: Usage = Usage()
+    """What crossbar carries per host and model (set by :class:`Policies`): where a model
+    loaded nowhere is cheapest to load (:mod:`crossbar.fleet.placement`)."""
 
     def choose(
         self,
@@ -83,9 +91,10 @@ class Policy:
             placed = self.place(route, ask, ask.conversation, states, in_flight)
             if placed is not None:
                 return Choice(placed.host, placed)
-        group = best_group(route.hosts, ask.model, states, ask.exclude)
+        group, loads = self.group(route, ask.model, states, ask.exclude, ask.now)
         if group:
-            return Choice(self.pick(route, group, in_flight, commit and not ask.exclude))
+            picked = self.pick(route, group, in_flight, commit and not ask.exclude)
+            return Choice(picked, load=next((x for x in loads if x.host == picked), None))
         if route.when_all_down == "try_all":
             # Only hosts still in the table: a route of the config before a reload may
             # name one that is gone.
@@ -93,6 +102,23 @@ class Policy:
             host = next((h for h in route.hosts if h not in exclude and h in states), None)
             return None if host is None else Choice(host)
         return None
+
+    def group(
+        self,
+        route: RouteConfig,
+        model: str | None,
+        states: Mapping[str, HostState],
+        exclude: Sequence[str],
+        now: float,
+    ) -> tuple[list[HostState], list[Load]]:
+        """The best group; when it has the model loaded nowhere, only its cheapest places
+        to load it (with what each costs)."""
+        group = best_group(route.hosts, model, states, exclude)
+        loads = cheapest(group, model, self.usage, now) or []
+        if loads:
+            cheap = {load.host for load in loads}
+            group = [s for s in group if s.name in cheap]
+        return group, loads
 
     def pick(self, route: RouteConfig, group: Group, in_flight: Counts, moves: bool) -> str:
         """One host of ``group`` (never empty, in route order); ``moves``: a request's
@@ -177,10 +203,10 @@ class CacheAffinity(LeastBusy):
         in. ``None`` when no healthy host is left."""
         key, turn, now, exclude = conversation.key, conversation.turn, ask.now, ask.exclude
         max_load = route.affinity_max_load
-        group = [s.name for s in best_group(route.hosts, ask.model, states)]
+        group = [s.name for s in self.group(route, ask.model, states, (), now)[0]]
         placed = self.conversations.place(key, group, in_flight, max_load, now, exclude, turn)
         if placed is None and group:
-            rest = [s.name for s in best_group(route.hosts, ask.model, states, exclude)]
+            rest = [s.name for s in self.group(route, ask.model, states, exclude, now)[0]]
             if rest:
                 placed = self.conversations.place(key, rest, in_flight, max_load, now, turn=turn)
         return placed
@@ -204,9 +230,17 @@ def places_conversations(route: RouteConfig) -> bool:
 class Policies:
     """One of each policy, with its state, for all the routes of the config."""
 
-    def __init__(self, routes: Iterable[str] = (), slots: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        routes: Iterable[str] = (),
+        slots: Mapping[str, int] | None = None,
+        usage: Usage | None = None,
+    ):
         routes = list(routes)
         self._by_name = {name: cls.make(routes, slots or {}) for name, cls in REGISTRY.items()}
+        if usage is not None:
+            for policy in self._by_name.values():
+                policy.usage = usage
 
     def of(self, route: RouteConfig) -> Policy:
         """The route's policy."""

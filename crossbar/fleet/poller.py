@@ -4,11 +4,12 @@
 It never asks ``/slots``, ``/metrics`` or a plain ``/props?model=``: in router mode those
 make llama-server load a model. After a good list it asks a few models the host lists as
 loaded for their slots with ``/props?model=X&autoload=false``, which a router answers
-for a loaded X only and loads nothing for (see :mod:`crossbar.fleet.capacity`); an answer
-it cannot use leaves the slots unknown and the host up. What it learns goes into the
-:class:`HealthTable`. A host with an ``api_key`` gets it on every poll
-(``llama-server --api-key`` refuses ``/v1/models`` without it); the client it is given
-asks for no compression.
+for a loaded X only and loads nothing for (see :mod:`crossbar.fleet.capacity`), and now
+and then the router's own ``/props``, without ``?model=``, for its room
+(:mod:`crossbar.fleet.room`); an answer it cannot use leaves either unknown and the host up.
+What it learns goes into the :class:`HealthTable`. A host with an ``api_key`` gets it on
+every poll (``llama-server --api-key`` refuses ``/v1/models`` without it); the client it
+is given asks for no compression.
 
 A model list is digested as it arrives, and read only when it differs from the host's
 last one: a list does not change between most polls, and reading a long one costs more
@@ -22,22 +23,21 @@ from hashlib import blake2b
 from typing import Any, Protocol
 
 import attrs
-import treq
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
-from twisted.web.iweb import IResponse
 
 from crossbar.config.secrets import Secret
+from crossbar.fleet.answers import Digest, PollError, discard, read_limited
 from crossbar.fleet.capacity import MAX_PROPS_BODY, SlotAsks, props_path, total_slots
 from crossbar.fleet.listing import ModelList, read_models
 from crossbar.fleet.listreader import ListUnread
+from crossbar.fleet.room import ROOM_PATH, RoomAsks, read_room
 from crossbar.fleet.state import HealthTable
-from crossbar.upstream.failures import describe, is_cancellation, stop_producing
+from crossbar.upstream.failures import describe, is_cancellation
 
 MAX_POLL_BODY = 8 * 1024 * 1024
 """Largest answer a poll reads: a model list is a few KiB (100,000 models, about 5 MiB)."""
@@ -66,76 +66,8 @@ class _HTTPGetter(Protocol):
     ) -> Deferred[Any]: ...
 
 
-class _Watched:
-    """A response that remembers who reads its body, so a poll given up on (timed
-    out, or crossbar stopping) can close the connection: ``treq.collect`` cannot."""
-
-    def __init__(self, response: IResponse) -> None:
-        self.length = response.length
-        self._response = response
-        self._reader: Any = None
-
-    def deliverBody(self, protocol: Any) -> None:
-        self._reader = protocol
-        self._response.deliverBody(protocol)
-
-    def stop(self) -> None:
-        if self._reader is not None:
-            stop_producing(self._reader.transport)
-
-
-class _Digest(Protocol):
-    def update(self, data: bytes, /) -> None: ...
-
-
-def read_limited(response: IResponse, limit: int, digest: _Digest | None = None) -> Deferred[bytes]:
-    """The body, through ``treq.collect``, refused (and its connection closed) past
-    ``limit`` bytes; cancelling closes the connection too. ``digest`` is fed each part
-    as it comes, so that digesting a long body never holds the reactor at once."""
-    parts: list[bytes] = []
-    size = 0
-
-    def keep(data: bytes) -> None:
-        nonlocal size
-        size += len(data)
-        if size > limit:
-            raise PollError(f"answer larger than {_size(limit)}")
-        parts.append(data)
-        if digest is not None:
-            digest.update(data)
-
-    watched = _Watched(response)
-    result: Deferred[bytes] = Deferred(lambda _: watched.stop())
-
-    def done(outcome: object) -> None:
-        if result.called:  # given up on already
-            return
-        if isinstance(outcome, Failure):
-            result.errback(outcome)
-        else:
-            result.callback(b"".join(parts))
-
-    treq.collect(watched, keep).addBoth(done)  # type: ignore[arg-type]
-    if isinstance(response.length, int) and response.length > limit and not result.called:
-        watched.stop()
-        result.errback(PollError(f"answer larger than {_size(limit)}"))
-    return result
-
-
-def _size(limit: int) -> str:
-    mib, rest = divmod(limit, 1024 * 1024)
-    return f"{mib} MiB" if mib and not rest else f"{limit} bytes"
-
-
 async def _read_here(body: bytes) -> ModelList:
     return read_models(body)
-
-
-def discard(response: IResponse) -> None:
-    """Close the connection of an answer whose body nobody wants."""
-    watched = _Watched(response)
-    treq.collect(watched, lambda _: None).addErrback(lambda _: None)  # type: ignore[arg-type]
-    watched.stop()
 
 
 def _authorization(keys: Mapping[str, Secret] | None) -> dict[str, _Headers]:
@@ -152,10 +84,6 @@ class _Read:
     at: float
     models: ModelList | None
     error: str = ""
-
-
-class PollError(Exception):
-    """A poll failed; ``str()`` is the ``last_err`` text."""
 
 
 class Poller(Service):
@@ -187,6 +115,7 @@ class Poller(Service):
         """What each host's last model list read gave, by the digest of its answer."""
         self._asks: dict[str, SlotAsks] = {}
         """Which of each host's loaded models were asked for their slots, and when."""
+        self._room_asks = RoomAsks()
         self._running: dict[str, Deferred[None]] = {}
         self._loops: dict[str, LoopingCall] = {}
         self._stopping = False
@@ -226,6 +155,7 @@ class Poller(Service):
         """Stop polling a host; a poll of it under way is cancelled and not recorded."""
         self._lists.pop(name, None)
         self._asks.pop(name, None)
+        self._room_asks.forget(name)
         loop = self._loops.pop(name, None)
         if loop is not None and loop.running:
             loop.stop()
@@ -289,13 +219,18 @@ class Poller(Service):
             self._failed(name, f"poll: {describe(e)}")
         else:
             listed, note = models.listed, models.note
-            self.table.record_ok(name, models.loaded, models.known, listed=listed, note=note)
+            loading = models.loading
+            self.table.record_ok(
+                name, models.loaded, models.known, listed=listed, note=note, loading=loading
+            )
             await self._learn_slots(name, state.url, models.loaded, timeout)
+            await self._learn_room(name, state.url, timeout)
 
     def _failed(self, name: str, reason: str) -> None:
         """Record a failed poll; a host that failed may have restarted with other
         ``-np``: every loaded model's slots are asked again once it answers."""
         self._asks.pop(name, None)
+        self._room_asks.forget(name)
         self.table.record_failure(name, reason)
 
     async def _learn_slots(
@@ -320,6 +255,21 @@ class Poller(Service):
             slots = total_slots(body)
         self.table.record_slots(name, model, slots)
 
+    async def _learn_room(self, name: str, url: str, timeout: float) -> None:
+        """Now and then, the host's own ``/props``, asked without ``?model=`` (which would
+        load a model): a router's ``max_instances``. An answer it cannot use changes nothing."""
+        if self._stopping or self.table.get(name) is None:  # asks cancelled: stop here
+            return
+        if not self._room_asks.due(name, self._clock.seconds()):
+            return
+        try:
+            body = await self._get(name, url + ROOM_PATH, "props", timeout, None)
+        except CancelledError:
+            raise
+        except Exception:  # refused, timed out, too long: the room stays as it was
+            return
+        self.table.record_room(name, read_room(body))
+
     async def _models(self, name: str, body: bytes, digest: bytes) -> ModelList:
         """The host's list: what the last one read gave when the answer is the same to
         the byte, or when it is long and was read less than :data:`REREAD_SECONDS` ago."""
@@ -341,7 +291,7 @@ class Poller(Service):
         return last.models
 
     async def _get(
-        self, name: str, url: str, what: str, timeout: float, digest: _Digest | None = None
+        self, name: str, url: str, what: str, timeout: float, digest: Digest | None = None
     ) -> bytes:
         d = Deferred.fromCoroutine(self._fetch(name, url, what, digest))
         d.addTimeout(timeout, self._clock)
@@ -354,7 +304,7 @@ class Poller(Service):
         client = self._client
         return client[name] if isinstance(client, Mapping) else client
 
-    async def _fetch(self, name: str, url: str, what: str, digest: _Digest | None) -> bytes:
+    async def _fetch(self, name: str, url: str, what: str, digest: Digest | None) -> bytes:
         headers = self._headers.get(name)
         client = self._client_for(name)
         try:

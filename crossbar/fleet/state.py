@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import attrs
 
 from crossbar.config import HostSettings
+from crossbar.fleet.room import Room
 
 
 def _frozen(slots: Mapping[str, int]) -> Mapping[str, int]:
@@ -54,6 +55,14 @@ class HostState:
     """Slots the host said each loaded model runs (model id -> ``total_slots``), as the
     poller learned them; a model not loaded, or not yet asked about, has no entry."""
 
+    loading: tuple[str, ...] = ()
+    """Models the host's last list showed ``loading``."""
+    max_instances: int | None = None
+    """Models the host runs at once: its ``models_max:`` from the config, else what the
+    router's own ``/props`` said; ``None`` when unknown (and for single-model hosts)."""
+    autoload: bool | None = None
+    """Whether the router loads a model a request names (``models_autoload``)."""
+
     def capacity(self, model: str) -> int | None:
         """The slots ``model`` runs here as learned, or ``None`` when unknown; a host's
         ``slots:`` in the config overrides this (the caller applies it)."""
@@ -81,6 +90,10 @@ class HostState:
             doc["models_note"] = self.models_note
         if self.slots:  # only once some are known: without them the document is as before
             doc["slots"] = dict(sorted(self.slots.items()))
+        if self.max_instances is not None:  # a router's room, once known
+            doc["max_instances"] = self.max_instances
+        if self.loading:
+            doc["loading"] = list(self.loading)
         return doc
 
 
@@ -108,7 +121,14 @@ class HealthTable:
         self._listeners: list[Callable[[HostState, HostState], None]] = []
         self.slots_learned: Callable[[], None] | None = None
         """Told when what a host said of its models' slots changed."""
+        self.models_changed: Callable[[HostState, HostState], None] | None = None
+        """Told ``(old, new)`` when a poll lists other models loaded than the last one did
+        (not at a host's first poll): the loads and evictions a router made."""
         self._models: frozenset[str] = frozenset()
+        self._rooms: dict[str, Room] = {}
+        """What each host's own ``/props`` said of its room."""
+        for name in self._states:
+            self._apply_room(name)
 
     def set_hosts(
         self,
@@ -133,14 +153,20 @@ class HealthTable:
             if name in self._states and name not in hosts:
                 states[name] = self._states[name]
                 new_settings[name] = self.settings[name]
+        before = dict(self._states)
         self._states.clear()  # in place: the live view stays valid
         self._states.update(states)
         self.settings = new_settings
+        # A host that starts afresh (new, or at a new address) has its room asked again.
+        self._rooms = {n: r for n, r in self._rooms.items() if before.get(n) is states.get(n)}
+        for name in states:
+            self._apply_room(name)
         self._models = frozenset().union(*(s.known for s in states.values()))
 
     def remove(self, name: str) -> None:
         """Forget a host that has left the config and carries no more requests."""
         self._states.pop(name, None)
+        self._rooms.pop(name, None)
         self.settings = {n: s for n, s in self.settings.items() if n != name}
         self._models = frozenset().union(*(s.known for s in self._states.values()))
 
@@ -176,9 +202,11 @@ class HealthTable:
         *,
         listed: int | None = None,
         note: str = "",
+        loading: Iterable[str] = (),
     ) -> None:
         """A poll went well; ``listed`` and ``note``: the list's size and what of it was
-        left out (see :class:`crossbar.fleet.listing.ModelList`)."""
+        left out (see :class:`crossbar.fleet.listing.ModelList`); ``loading``: the models
+        it lists as loading."""
         old = self._states.get(name)
         if old is None:
             return
@@ -189,23 +217,25 @@ class HealthTable:
         loaded = tuple(sorted(set(loaded)))
         consecutive = old.consecutive + 1
         healthy = not old.has_failed or consecutive >= self.settings[name].recovery_polls
-        self._set(
-            attrs.evolve(
-                old,
-                healthy=healthy,
-                fails=0 if healthy and not old.healthy else old.fails,
-                loaded=loaded,
-                known=known,
-                slots={m: n for m, n in old.slots.items() if m in loaded},
-                consecutive=consecutive,
-                last_ok=self._clock.seconds(),
-                last_err="",
-                polled=True,
-                polls=old.polls + 1,
-                models_listed=len(known) if listed is None else listed,
-                models_note=note,
-            )
+        new = attrs.evolve(
+            old,
+            healthy=healthy,
+            fails=0 if healthy and not old.healthy else old.fails,
+            loaded=loaded,
+            known=known,
+            loading=tuple(sorted(set(loading))),
+            slots={m: n for m, n in old.slots.items() if m in loaded},
+            consecutive=consecutive,
+            last_ok=self._clock.seconds(),
+            last_err="",
+            polled=True,
+            polls=old.polls + 1,
+            models_listed=len(known) if listed is None else listed,
+            models_note=note,
         )
+        self._set(new)
+        if old.last_ok is not None and old.loaded != loaded and self.models_changed is not None:
+            self.models_changed(old, new)
 
     def record_slots(self, name: str, model: str, slots: int | None) -> None:
         """What the host said of a loaded model's slots (``None``: nothing usable). Kept
@@ -220,6 +250,22 @@ class HealthTable:
         self._states[name] = attrs.evolve(old, slots=learned)
         if learned != old.slots and self.slots_learned is not None:
             self.slots_learned()
+
+    def record_room(self, name: str, room: Room) -> None:
+        """What the host's own ``/props`` said of its room (unknown fields: not said);
+        a host's ``models_max:`` in the config overrides it. Nobody is told."""
+        if name in self._states:
+            self._rooms[name] = room
+            self._apply_room(name)
+
+    def _apply_room(self, name: str) -> None:
+        state, room = self._states[name], self._rooms.get(name, Room())
+        configured = self.settings[name].models_max
+        instances = configured if configured is not None else room.max_instances
+        if (state.max_instances, state.autoload) != (instances, room.autoload):
+            self._states[name] = attrs.evolve(
+                state, max_instances=instances, autoload=room.autoload
+            )
 
     def record_failure(self, name: str, reason: str, *, poll: bool = True) -> None:
         old = self._states.get(name)

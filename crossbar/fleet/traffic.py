@@ -8,8 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from crossbar.fleet.placement import Usage
 from crossbar.fleet.policies import Policies
 from crossbar.fleet.queue import FairQueue
+
+MAX_LAST_USED = 4096
+"""Host and model pairs whose last use is kept: a lab's hosts times its models."""
 
 
 class Traffic:
@@ -23,11 +27,16 @@ class Traffic:
         """Requests in flight per host and model (a model's slots are its own in router
         mode); an entry goes with its last request, so a client's made-up model names
         cannot grow it."""
+        self.last_used: dict[tuple[str, str | None], float] = {}
+        """When each host last started or ended a request for each model (the clock's
+        seconds): how long a loaded model has been idle. Held to :data:`MAX_LAST_USED`."""
         self.slots: dict[str, int] = dict(slots or {})
         """Each host's ``slots:`` from the config."""
         self.freed: Callable[[str, str | None], None] | None = None
         """Told when a request leaves a host: one of its slots for that model is free."""
-        self.policies = Policies(routes, slots)
+        self.usage = Usage(self.busy, self.last_used, self.slots)
+        """A live view of both, for the policies' choice of where to load a model."""
+        self.policies = Policies(routes, slots, self.usage)
         """One of each policy, with its state; a route asks its own."""
         self.queue: FairQueue[Any] = FairQueue()
         """Requests waiting in crossbar for a slot (:mod:`crossbar.server.waiting`): it
@@ -60,13 +69,19 @@ class Traffic:
             else:
                 del self.in_flight[name]
                 self.leaving.pop(name, None)
-        self.slots = dict(slots)
+        self.slots.clear()  # in place: the usage view reads it
+        self.slots.update(slots)
         self.policies.reload(routes, slots)
         return left
 
-    def move(self, old: str | None, new: str | None, model: str | None = None) -> None:
-        """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any)."""
+    def move(
+        self, old: str | None, new: str | None, model: str | None = None, now: float | None = None
+    ) -> None:
+        """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any),
+        at ``now`` (when given: the hosts' last use of the model)."""
         busy = self.busy
+        if now is not None:
+            self._used(old, new, model, now)
         if old is not None:
             self.in_flight[old] -= 1
             left = busy[old, model] - 1
@@ -83,8 +98,13 @@ class Traffic:
         if old is not None and self.freed is not None:
             self.freed(old, model)
 
-    def full(self, host: str, model: str | None, learned: Mapping[str, int]) -> bool:
-        """Whether every slot ``host`` has for ``model`` is taken: its ``slots:`` from the
-        config, else what it said of the model (``learned``); never when unknown."""
-        slots = self.slots.get(host) or learned.get(model or "")
-        return slots is not None and self.busy.get((host, model), 0) >= slots
+    def _used(self, old: str | None, new: str | None, model: str | None, now: float) -> None:
+        last = self.last_used
+        for host in (old, new):
+            if host is not None:
+                last.pop((host, model), None)  # re-inserted last: the dict stays oldest first
+                last[host, model] = now
+        if len(last) > MAX_LAST_USED:  # clients' made-up model names: the oldest idle go
+            idle = [k for k in last if k not in self.busy][: len(last) - MAX_LAST_USED // 2]
+            for key in idle:
+                del last[key]

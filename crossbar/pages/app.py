@@ -35,10 +35,11 @@ from crossbar.fleet import (
     Traffic,
     routes_down,
 )
-from crossbar.fleet.policies import Ask, places_conversations
+from crossbar.fleet.policies import Ask, Choice, places_conversations
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.flowshares import FlowShares
 from crossbar.pages.hostusage import recent_usage_json
+from crossbar.pages.loads import models_json
 from crossbar.pages.metrics import CONTENT_TYPE, Metrics
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
@@ -111,6 +112,8 @@ class StatusApp:
         doc["last_ok"] = rfc3339(state.last_ok)
         doc["in_flight"] = self.traffic.in_flight.get(state.name, 0)
         doc["leaving"] = state.name not in self.config.hosts  # reloaded away, finishing
+        if state.max_instances is not None:  # a router's models: in flight, idle, room
+            doc |= models_json(state, self.traffic.usage, self.clock.seconds())
         recent = self.recent.host(state.name)
         doc["recent"] = {
             "window_seconds": WINDOW_SECONDS,
@@ -124,20 +127,25 @@ class StatusApp:
     def choices(self, states: Mapping[str, HostState]) -> dict[str, str | None]:
         """Where a request for each route's default model would go now, or ``None``:
         the proxy's first pick, including ``when_all_down: try_all``."""
-        found: dict[str, str | None] = {}
+        return _hosts(self.chosen(states))
+
+    def chosen(self, states: Mapping[str, HostState]) -> dict[str, Choice | None]:
+        """:meth:`choices` as the policies made them, with what loading the model costs
+        where no healthy host has it loaded."""
+        found: dict[str, Choice | None] = {}
         traffic = self.traffic
         for name, route in self.config.routes.items():
             policy = traffic.policies.of(route)
             ask = Ask(route.default_model, now=self.clock.seconds())
-            choice = policy.choose(route, ask, states, traffic.in_flight, commit=False)
-            found[name] = None if choice is None else choice.host
+            found[name] = policy.choose(route, ask, states, traffic.in_flight, commit=False)
         return found
 
     def status_json(self, base: str) -> dict[str, Any]:
         """Everything the page shows; ``base`` as for :class:`StatusPage`. A route's
         ``choice_model`` is how its choice holds the default model (see :func:`model_on`)."""
         states = self.table.snapshot()
-        choices = self.choices(states)
+        chosen = self.chosen(states)
+        choices = _hosts(chosen)
         about = self.about
         now = self.clock.seconds()
         worker = about.worker
@@ -153,6 +161,7 @@ class StatusApp:
             "routes": {
                 name: _route_json(route, choices[name], states, base, affinity.get(name))
                 | {"waiting": waiting.get(name, {"requests": 0, "oldest_seconds": None})}
+                | _load_json(chosen[name])
                 for name, route in self.config.routes.items()
             },
             "slot_shares": {
@@ -176,12 +185,15 @@ class StatusApp:
         _no_store(request)
         states = self.table.snapshot()
         in_flight = dict(self.traffic.in_flight)  # flattened after this returns
+        chosen = self.chosen(states)
         return StatusPage(
             self.config,
             states,
             in_flight,
-            self.choices(states),
+            _hosts(chosen),
             self.clock.seconds(),
+            loads={name: c.load for name, c in chosen.items() if c and c.load},
+            model_usage=self.traffic.usage,
             about=self.about,
             recent=self.recent.hosts(),
             affinity=self.affinity(),
@@ -333,6 +345,17 @@ def _route_json(
             "home_share": affinity.home_share,
         }
     return doc
+
+
+def _hosts(chosen: Mapping[str, Choice | None]) -> dict[str, str | None]:
+    return {name: None if c is None else c.host for name, c in chosen.items()}
+
+
+def _load_json(choice: Choice | None) -> dict[str, Any]:
+    """Where the route's default model would be loaded, and what that evicts; nothing
+    when it is loaded on a healthy host or the hosts' room is unknown."""
+    load = None if choice is None else choice.load
+    return {} if load is None else {"load": load.to_json()}
 
 
 def base_url(request: IRequest) -> str:

@@ -19,11 +19,14 @@ from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer,
 from crossbar.config import DEMO_SOURCE, Config, RouteConfig
 from crossbar.config.changes import Reloads
 from crossbar.fleet import HostHour, HostRecent, HostState, RouteAffinity, routes_down
+from crossbar.fleet.placement import Load, Usage
 from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.charts import CHART_STYLE
 from crossbar.pages.flowshares import FlowShares, flows_section
 from crossbar.pages.hostusage import HostUsage
+from crossbar.pages.loads import instances_words, load_words, model_notes
 from crossbar.pages.peers import WorkerInfo
+from crossbar.pages.style import STYLE
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
 from crossbar.pages.usagepanel import UsageView, usage_tables
 
@@ -53,38 +56,6 @@ class About:
     worker: WorkerInfo | None = None
     """With ``workers: N``, the worker that answered: its table and counts are its own."""
 
-
-# Inside <style> an HTML parser takes text raw, while the flattener escapes "<", ">" and
-# "&" as in any text: keep those three characters out of the CSS.
-_STYLE = """
-body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem;color:#222}
-h1{font-size:1.3rem;margin:0}
-h1 small{font-weight:400}
-h2{font-size:1.1rem;margin:1.5rem 0 .5rem}
-p{margin:.3rem 0}
-code{font-size:.9em;overflow-wrap:anywhere}
-table{border-collapse:collapse;width:100%}
-th,td{text-align:left;vertical-align:top;padding:.35rem .5rem;border-bottom:1px solid #ddd}
-th{background:#f3f3f3;font-weight:600}
-.mark{display:inline-block;padding:0 .5rem;border-radius:.7rem;font-weight:600;white-space:nowrap}
-.up{background:#d7f2dc;color:#145a24}
-.down{background:#fbe0df;color:#a11a1a}
-.unknown{background:#e8e8e8;color:#444}
-.banner{background:#fff3c4;border:1px solid #e2c25b;border-radius:.4rem;padding:.4rem .7rem}
-.err{color:#a11a1a;overflow-wrap:anywhere}
-.muted{color:#777}
-.num{text-align:right}
-.model{white-space:nowrap}
-@media (max-width:720px){
-thead{display:none}
-table,tbody,tr,td{display:block;width:auto}
-tr{border:1px solid #ddd;border-radius:.4rem;margin:0 0 .75rem;padding:.3rem 0}
-td{border:0;padding:.15rem .6rem}
-td.num{text-align:left}
-td::before{content:attr(data-label) ": ";font-weight:600;color:#555}
-.model{white-space:normal}
-}
-"""
 
 # The page's fixed shape. Renderers (t:render) fill in rows, the header and the summary;
 # slots (t:slot) take single values. The doctype is written by whoever flattens the page
@@ -168,19 +139,17 @@ def _names(names: Sequence[str]) -> Flattenable:
 
 
 def _models(
-    names: Sequence[str], note: str = "", slots: Mapping[str, int] | None = None
+    names: Sequence[str], note: str = "", notes: Mapping[str, str] | None = None
 ) -> Flattenable:
     """Model ids, each kept on one line: a browser would break ``qwen3-coder-30b`` at a
     hyphen, and a reader would see two models. The first :data:`PAGE_MODELS` only, then
-    how many more; ``note`` says what of the host's list was left out, ``slots`` how many
-    slots each runs, where known."""
+    how many more; ``note`` says what of the host's list was left out (or the room the
+    loaded ones take), ``notes`` something of each (its slots, its requests in flight)."""
     shown: Flattenable = _muted("none")
-    slots = slots or {}
+    notes = notes or {}
     if names:
         spans = (
-            tags.span(
-                name, _muted(f" ({slots[name]} slots)") if name in slots else "", class_="model"
-            )
+            tags.span(name, _muted(f" ({notes[name]})") if name in notes else "", class_="model")
             for name in names[:PAGE_MODELS]
         )
         shown = _joined(", ", spans)
@@ -239,13 +208,17 @@ class StatusPage(Element):
     """Each key's and route's tokens of today and this week (:mod:`.usagepanel`)."""
     shares: FlowShares = attrs.field(kw_only=True, factory=lambda: FlowShares.of({}))
     """Each flow's share of the slots over the last five minutes."""
+    loads: Mapping[str, Load] = attrs.field(kw_only=True, factory=dict)
+    """Each route whose default model is loaded on no healthy host: where it would load."""
+    model_usage: Usage = attrs.field(kw_only=True, factory=Usage)
+    """Requests in flight and last use per host and model (a router's loaded models)."""
 
     @renderer
     def page(self, request: IRequest | None, tag: Tag) -> Flattenable:
         """What more than one part of the page, or the fixed CSS, needs."""
         return tag.fillSlots(
             refresh=str(REFRESH_SECONDS),
-            style=_STYLE + CHART_STYLE,
+            style=STYLE + CHART_STYLE,
             now=rfc3339(self.now) or "",
             version=self.about.version,
             window=str(WINDOW_SECONDS // 60),
@@ -329,7 +302,7 @@ class StatusPage(Element):
             "state": _mark(state.state),
             "last_ok": self._last_ok(state),
             "error": tags.span(state.last_err, class_="err") if state.last_err else "",
-            "loaded": _models(state.loaded, slots=state.slots),
+            "loaded": self._loaded(state),
             "known": _models(state.known, state.models_note),
             "consecutive": str(state.consecutive),
             "in_flight": str(self.in_flight.get(name, 0)),
@@ -356,7 +329,7 @@ class StatusPage(Element):
             "policy": shown if len(shown) > 1 else policy,
             "members": _joined(" ", (self._member(host) for host in route.hosts)),
             "model": _muted("none (first healthy host)") if model is None else model,
-            "goes_to": self._goes_to(self.choices.get(name), model),
+            "goes_to": self._goes_to(self.choices.get(name), model, self.loads.get(name)),
         }
 
     def _last_ok(self, state: HostState) -> Flattenable:
@@ -369,7 +342,14 @@ class StatusPage(Element):
         state = self.states[host].state if host in self.states else "unknown"
         return tags.span(host, class_=f"mark {state}")
 
-    def _goes_to(self, choice: str | None, model: str | None) -> Flattenable:
+    def _loaded(self, state: HostState) -> Flattenable:
+        """The loaded models, each with its slots and (on a router) its requests in flight
+        or idle time, then the room they take: "2 of 4 instances"."""
+        shown = _models(state.loaded, notes=model_notes(state, self.model_usage, self.now))
+        room = instances_words(state, self.model_usage)
+        return shown if room is None else [shown, tags.br(), tags.small(room, class_="muted")]
+
+    def _goes_to(self, choice: str | None, model: str | None, load: Load | None) -> Flattenable:
         """Where the route sends a request for its default model now, and whether that
         host has the model loaded; ``try_all`` may pick a host that is down."""
         if choice is None:
@@ -381,7 +361,8 @@ class StatusPage(Element):
         if held == "loaded":
             return [tags.b(choice), " ", _muted(f"({model} loaded)")]
         if held == "known":
-            return [tags.b(choice), " ", _muted(f"(knows {model}; would load it)")]
+            said = f"(knows {model}; would load it)" if load is None else load_words(load, model)
+            return [tags.b(choice), " ", _muted(said)]
         if held == "not listed":
             return [
                 tags.b(choice),

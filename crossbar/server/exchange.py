@@ -169,7 +169,7 @@ class Exchange:
 
     def _count(self, host: str | None) -> None:
         """Keep the requests in flight right as the request moves from host to host."""
-        self.proxy.traffic.move(self._counted, host, self.model)
+        self.proxy.traffic.move(self._counted, host, self.model, self.proxy.clock.seconds())
         self._counted = host
 
     # -- waiting for a slot ----------------------------------------------------------------

@@ -27,6 +27,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from crossbar.config import Config, RouteConfig, matches
 from crossbar.fleet import Conversation, HealthTable, Traffic, best_group
+from crossbar.fleet.placement import spill_places
 from crossbar.fleet.policies import CacheAffinity
 from crossbar.fleet.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.fleet.rendezvous import rendezvous
@@ -94,9 +95,9 @@ class Waits:
         """The hosts of the request's best group with every slot for ``model`` taken."""
         if not route.queue:
             return []
-        states, full = self.table.view, self.traffic.full
+        states, full = self.table.view, self.traffic.usage.full
         group = best_group(route.hosts, model, states, frozenset(exclude))
-        return [s.name for s in group if full(s.name, model, s.slots)]
+        return [s.name for s in group if full(s, model)]
 
     def must_wait(
         self,
@@ -105,15 +106,22 @@ class Waits:
         exclude: Iterable[str],
         conversation: Conversation | None = None,
     ) -> bool:
-        """Whether every host of the best group is known to be full (none: no waiting),
-        or the turn of ``conversation`` is to wait for its own host (:meth:`home`)."""
+        """Whether every host of the best group is known to be full (none: no waiting) and
+        (``spillover: true``) no other host can start one more copy of the model, or the
+        turn of ``conversation`` is to wait for its own host (:meth:`home`)."""
         if not route.queue:
             return False
-        states, full = self.table.view, self.traffic.full
-        group = best_group(route.hosts, model, states, frozenset(exclude))
         if self.home(route, model, conversation) is not None:
             return True
-        return bool(group) and all(full(s.name, model, s.slots) for s in group)
+        states, full, skip = self.table.view, self.traffic.usage.full, frozenset(exclude)
+        group = best_group(route.hosts, model, states, skip)
+        if not group or not all(full(s, model) for s in group):
+            return False
+        if route.spillover:
+            hosts = [states[h] for h in route.hosts if h not in skip and h in states]
+            healthy = [s for s in hosts if s.healthy]
+            return not spill_places(healthy, model, self.traffic.usage, self.clock.seconds())
+        return True
 
     def home(
         self, route: RouteConfig, model: str | None, conversation: Conversation | None
@@ -131,7 +139,7 @@ class Waits:
         if host is None and conversation.turn:  # answered before, elsewhere
             host = rendezvous(conversation.key, list(group))[0] if group else None
         state = group.get(host) if host is not None else None
-        if state is None or len(group) < 2 or not self.traffic.full(state.name, model, state.slots):
+        if state is None or len(group) < 2 or not self.traffic.usage.full(state, model):
             return None
         return state.name
 
@@ -278,7 +286,7 @@ class Waits:
             return True
         if len(pool) == 3:
             state = self.table.view.get(pool[2])
-            return state is None or not self.traffic.full(pool[2], pool[1], state.slots)
+            return state is None or not self.traffic.usage.full(state, pool[1])
         return not self.must_wait(route, pool[1], ())
 
     def drain(self) -> None:

@@ -10,7 +10,10 @@ It follows llama.cpp 0c1e57098 as observed (``tests/integration`` runs crossbar 
 real server): a router's own answers carry ``Keep-Alive: timeout=5, max=100`` and a length,
 every error closes the connection, the completions it relays come chunked with
 ``Connection: close``, ``/v1/models`` gives ``meta`` for loaded models only, and an unloaded
-model stays listed as ``loaded`` until its process has exited (``unload_time``).
+model stays listed as ``loaded`` until its process has exited (``unload_time``). A router
+answers ``GET /props`` with its ``max_instances`` (``models_max``); loading past it evicts the
+least recently used *idle* model, and while every loaded model is busy a request for another
+waits until one is idle (llama.cpp since PR 26572); ``loads`` and ``evictions`` count them.
 
 An answer ends by itself, as a model's does when it samples its end token: ``"stop"`` after
 8 to 60 tokens, the same for the same model, prompt and ``seed`` (or temperature 0), drawn
@@ -38,7 +41,8 @@ of one token together, as llama-server does), and its tokens are not a tokenizer
 """
 
 from crossbar.testing.simulator.cache import CacheState, Prefill
-from crossbar.testing.simulator.host import Fault, RecordedRequest, SimulatedHost
+from crossbar.testing.simulator.host import SimulatedHost
+from crossbar.testing.simulator.recorded import Fault, RecordedRequest
 from crossbar.testing.simulator.replies import BUILD_INFO
 
 __all__ = ["BUILD_INFO", "CacheState", "Fault", "Prefill", "RecordedRequest", "SimulatedHost"]

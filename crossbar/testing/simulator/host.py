@@ -7,10 +7,8 @@ answer looks like, ``completions`` what a model generates, ``serving`` sends it,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IListeningPort
@@ -28,6 +26,7 @@ from crossbar.testing.simulator.cache import (
 )
 from crossbar.testing.simulator.completions import Reply
 from crossbar.testing.simulator.models import ModelTable
+from crossbar.testing.simulator.recorded import Fault, RecordedRequest
 from crossbar.testing.simulator.replies import (
     METRICS,
     SLOTS,
@@ -42,27 +41,6 @@ from crossbar.testing.simulator.slots import ModelSlots
 
 ANSWER_KEPT = 65_536
 """Letters of an answer a slot keeps after the prompt: 16,384 of the simulator's tokens."""
-
-Fault = Literal["loading", "error", "hang", "reset", "close"] | None
-"""What a host can be told to do wrong with every request from now on (``None``: nothing).
-
-``loading`` answers 503 as a starting server does, ``error`` answers ``error_status``,
-``hang`` never answers, ``close`` closes the connection unanswered, ``reset`` aborts it
-(a stream after ``reset_after`` tokens).
-"""
-
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    """One request as the simulated host received it."""
-
-    method: str
-    path: str  # including the query string
-    headers: dict[str, str]  # lower-cased names
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
 
 
 class SimulatedHost:
@@ -79,6 +57,10 @@ class SimulatedHost:
     rest of the prompt takes ``prefill_time`` seconds a token before the answer starts (0 by
     default: answered at once, as tests without sockets need), and a request waits while
     every slot is busy.  ``prefills`` records what each completion found.
+
+    Loading past ``models_max`` evicts the least recently used idle model; while every
+    loaded model has requests in flight, a request for another model waits until one is
+    idle (llama.cpp since PR 26572). ``loads`` and ``evictions`` count them.
     """
 
     def __init__(
@@ -156,6 +138,16 @@ class SimulatedHost:
     def models(self) -> dict[str, str]:
         """A snapshot of every model's status value."""
         return {m.id: m.status for m in self._table.models.values()}
+
+    @property
+    def loads(self) -> dict[str, int]:
+        """Loads started (by a request, ``/models/load`` or a test), by model."""
+        return dict(self._table.loads)
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """Models stopped to make room for another (never a busy one), by model."""
+        return dict(self._table.evictions)
 
     def status(self, model_id: str) -> str:
         return self._table.models[model_id].status
@@ -312,18 +304,7 @@ class SimulatedHost:
 
     def _load_or_unload(self, request: Request, *, load: bool) -> None:
         body = serving.json_body(request)
-        model = self._table.models.get(str(body.get("model", "")))
-        if model is None:
-            # sic: loading an unknown model is the HTTP layer's plain 404
-            raise HttpError(404, "File Not Found") if load else HttpError(400, "model is not found")
-        if load and model.status != "unloaded":
-            raise HttpError(400, "model is already running")
-        if not load and (model.status == "unloaded" or model.unload_call is not None):
-            raise HttpError(400, "model is not running")
-        if load:
-            self._table.start_load(model)
-        else:
-            self._table.stop(model)
+        self._table.control(str(body.get("model", "")), load=load)
         serving.send(request, 200, dumps({"success": True}))
 
     async def _model(self, request: Request, body: dict[str, Any]) -> str:
@@ -343,15 +324,19 @@ class SimulatedHost:
         chat = apis.to_chat(api, body)
         tokens = prompt_tokens(chat, chat=api != "text")
         server = self._table.models[name if self.router else self._single_model()]
-        cache, prefill = await self._slots.take(server.id, server.port, tokens)
-        self.prefills.append(prefill)
-        kept = tokens[: prefill.cache_n]  # what the slot holds if the client goes away
+        self._table.begin(server)  # busy from now on: never evicted while it answers
         try:
-            answer = await self._answer(request, api, body, chat, name, prefill, reset_after)
-            if answer is not None:
-                kept = tokens + tokenize(answer)
+            cache, prefill = await self._slots.take(server.id, server.port, tokens)
+            self.prefills.append(prefill)
+            kept = tokens[: prefill.cache_n]  # what the slot holds if the client goes away
+            try:
+                answer = await self._answer(request, api, body, chat, name, prefill, reset_after)
+                if answer is not None:
+                    kept = tokens + tokenize(answer)
+            finally:
+                self._slots.give_back(cache, prefill, kept)
         finally:
-            self._slots.give_back(cache, prefill, kept)
+            self._table.end(server)
 
     async def _answer(
         self,

@@ -2,7 +2,9 @@
 
 This is the state crossbar polls and routes by, so it follows the real router's timing:
 loads take ``load_time``, a stopped model stays listed as ``loaded`` until its process has
-exited, and loading beyond ``models_max`` evicts the least recently used model.
+exited, and loading beyond ``models_max`` evicts the least recently used *idle* model (as
+llama.cpp does since PR 26572): while every loaded model has requests in flight, a request
+for another model waits until one is idle, then evicts it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Model:
     status: str
     failed: bool = False
     last_used: int = 0
+    in_flight: int = 0  # requests being answered by the model's server now
     port: int = 0  # of the model's own server while it runs (0 when unloaded)
     load_call: IDelayedCall | None = None
     waiters: list[Deferred[None]] = field(default_factory=list)
@@ -61,6 +64,9 @@ class ModelTable:
         self._limits = limits
         self._uses = 0
         self._child_ports = 0
+        self._room_waiters: list[Deferred[None]] = []
+        self.loads: dict[str, int] = {}  # loads started, by model
+        self.evictions: dict[str, int] = {}  # models stopped to make room, by model
         for model_id, status in statuses.items():
             self.set_status(model_id, status)
 
@@ -87,33 +93,84 @@ class ModelTable:
             stopped: Deferred[None] = Deferred()
             model.unload_waiters.append(stopped)
             await stopped
-        if model.status != "loaded":
-            if not autoload and model.status == "unloaded":
-                raise HttpError(400, "model is not loaded")
+        while model.status != "loaded":
+            if model.status == "unloaded":
+                if not autoload:
+                    raise HttpError(400, "model is not loaded")
+                if not self._has_room(model):
+                    room: Deferred[None] = Deferred()
+                    self._room_waiters.append(room)
+                    await room  # a model went idle or away: look again
+                    continue
             waiter: Deferred[None] = Deferred()
-            model.waiters.append(waiter)
+            model.waiters.append(waiter)  # before the load: one of no time ends at once
             if model.status == "unloaded":
                 self.start_load(model)
             await waiter
         if touch:
             self._touch(model)
 
-    def start_load(self, model: Model) -> None:
-        """Begin loading, first evicting least recently used models beyond models_max."""
-        running = [
+    def begin(self, model: Model) -> None:
+        """A request is being answered by ``model``: it cannot be evicted meanwhile."""
+        model.in_flight += 1
+
+    def end(self, model: Model) -> None:
+        """A request of ``model`` is over; once it has none, a waiting load may evict it."""
+        model.in_flight = max(0, model.in_flight - 1)
+        if not model.in_flight:
+            self._room_freed()
+
+    def control(self, name: str, *, load: bool) -> None:
+        """``POST /models/load`` or ``/models/unload``, with the router's errors."""
+        model = self.models.get(name)
+        if model is None:
+            # sic: loading an unknown model is the HTTP layer's plain 404
+            raise HttpError(404, "File Not Found") if load else HttpError(400, "model is not found")
+        if load and model.status != "unloaded":
+            raise HttpError(400, "model is already running")
+        if not load and (model.status == "unloaded" or model.unload_call is not None):
+            raise HttpError(400, "model is not running")
+        if load:
+            self.start_load(model)
+        else:
+            self.stop(model)
+
+    def _running(self, model: Model) -> list[Model]:
+        return [
             m
             for m in self.models.values()
             if m is not model and m.status != "unloaded" and m.unload_call is None
         ]
+
+    def _has_room(self, model: Model) -> bool:
+        """Whether ``model`` can start loading now: a free instance, or an idle one to evict."""
+        running = self._running(model)
+        models_max = self._limits.models_max
+        if models_max <= 0 or len(running) < models_max:
+            return True
+        return any(m.status == "loaded" and not m.in_flight for m in running)
+
+    def _room_freed(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for d in waiters:
+            if not d.called:
+                d.callback(None)
+
+    def start_load(self, model: Model) -> None:
+        """Begin loading, first evicting the least recently used idle models beyond
+        models_max (a busy model is never evicted: an explicit load then goes past it)."""
+        running = self._running(model)
         models_max = self._limits.models_max
         while models_max > 0 and len(running) >= models_max:
-            loaded = [m for m in running if m.status == "loaded"]
+            loaded = [m for m in running if m.status == "loaded" and not m.in_flight]
             if not loaded:
                 break
             victim = min(loaded, key=lambda m: m.last_used)
+            self.evictions[victim.id] = self.evictions.get(victim.id, 0) + 1
             self.stop(victim)
             running.remove(victim)
         model.status = "loading"
+        self.loads[model.id] = self.loads.get(model.id, 0) + 1
         model.port = self._next_child_port()
         if self._limits.load_time > 0:
             model.load_call = self._clock.callLater(
@@ -150,6 +207,7 @@ class ModelTable:
         gone, model.unload_waiters = model.unload_waiters, []
         for d in gone:
             d.callback(None)
+        self._room_freed()
 
     def cancel_pending(self) -> None:
         """Unload the models still loading or stopping, so that no timer is left behind."""
