@@ -496,9 +496,9 @@ async def test_half_a_million_new_ids_on_every_poll_are_read_aside(
     print(f"livez answered within {worst * 1000:.0f} ms during 6 polls, each list read anew")
     assert seen == {True, False}  # both lists were read, again and again
     assert max(read_here) < 1024  # ... none of them on the reactor (the good host's list is)
-    # Each poll still receives 8 MiB and digests it, ten times a second: the bound of the
-    # test above, where a list is read at most once a minute.
-    assert worst < 0.5
+    # Each poll still receives 8 MiB and digests it, ten times a second, and starts a
+    # reader: a loose bound, for a busy machine; that no list is read here says the rest.
+    assert worst < 1.0
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
