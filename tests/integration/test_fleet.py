@@ -124,6 +124,26 @@ def crossbar_status(proxy: CrossbarProcess) -> dict[str, Any]:
     return doc
 
 
+def one_host_crossbar(
+    crossbar_process: CrossbarStarter, router: RouterProcess, model: str
+) -> tuple[CrossbarProcess, Callable[[], dict[str, Any]]]:
+    """crossbar with ``router`` as its one host ``gpu-a`` (route ``lab`` defaulting to
+    ``model``), and a reader of what its status says of that host."""
+    proxy = crossbar_process(
+        {
+            "poll_interval": POLL,
+            "hosts": {"gpu-a": router.url},
+            "routes": {"lab": {"hosts": ["gpu-a"], "default_model": model}},
+        }
+    )
+
+    def host() -> dict[str, Any]:
+        doc: dict[str, Any] = crossbar_status(proxy)["hosts"]["gpu-a"]
+        return doc
+
+    return proxy, host
+
+
 def wait_until(
     probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
 ) -> T:

@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.conftest import CrossbarStarter, RouterStarter
 from tests.integration.test_fleet import (
-    POLL,
     SEEN_TIMEOUT,
-    crossbar_status,
+    one_host_crossbar,
     request,
     statuses_of,
     wait_until,
@@ -43,17 +41,7 @@ def test_props_without_a_model_tell_the_room_and_load_nothing(
     assert request("POST", f"{router.url}/models/load", {"model": "tiny-b"}).status == 200
     wait_until(lambda: statuses_of(router)["tiny-b"] == "loaded", SEEN_TIMEOUT, "tiny-b loaded")
     before = statuses_of(router)
-    proxy = crossbar_process(
-        {
-            "poll_interval": POLL,
-            "hosts": {"gpu-a": router.url},
-            "routes": {"lab": {"hosts": ["gpu-a"], "default_model": "tiny-b"}},
-        }
-    )
-
-    def host() -> dict[str, Any]:
-        doc: dict[str, Any] = crossbar_status(proxy)["hosts"]["gpu-a"]
-        return doc
+    _, host = one_host_crossbar(crossbar_process, router, "tiny-b")
 
     learned = wait_until(
         lambda: host().get("max_instances"), SEEN_TIMEOUT, "crossbar learns the router's room"

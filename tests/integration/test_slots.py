@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.conftest import CrossbarStarter, RouterStarter
 from tests.integration.test_fleet import (
-    POLL,
     SEEN_TIMEOUT,
-    crossbar_status,
+    one_host_crossbar,
     request,
     statuses_of,
     wait_until,
@@ -42,17 +40,7 @@ def test_slots_of_the_loaded_model_are_learned_and_no_model_is_loaded_or_unloade
     refused = request("GET", f"{router.url}/props?model=tiny-b&autoload=false", timeout=10)
     assert refused.status == 400 and b"model is not loaded" in refused.body, refused
 
-    proxy = crossbar_process(
-        {
-            "poll_interval": POLL,
-            "hosts": {"gpu-a": router.url},
-            "routes": {"lab": {"hosts": ["gpu-a"], "default_model": "tiny-a"}},
-        }
-    )
-
-    def host() -> dict[str, Any]:
-        doc: dict[str, Any] = crossbar_status(proxy)["hosts"]["gpu-a"]
-        return doc
+    _, host = one_host_crossbar(crossbar_process, router, "tiny-a")
 
     learned = wait_until(
         lambda: host().get("slots"), SEEN_TIMEOUT, "crossbar learns tiny-a's slots"
