@@ -13,7 +13,8 @@ own setup is ``--hosts 2 --models-max 1 --agents m-a=3,m-b=3``.
 
 Two runs, each with fresh hosts and a fresh crossbar:
 
-- ``priority (today)``: crossbar as of ``--baseline-rev`` (default ``main``), exported from this
+- ``priority (today)``: crossbar as of ``--baseline-rev`` (default the last commit before
+  placement, :data:`BEFORE`), exported from this
   repository with ``git archive``: a model loaded nowhere goes to the first healthy host that
   knows it, whatever that host runs;
 - ``priority + placement``: this checkout, which reads each router's room (``GET /props``) and
@@ -44,6 +45,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+BEFORE = "b6c421b"
+"""main just before placement was merged: the baseline, a model going to the first host."""
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -317,7 +321,7 @@ def main() -> None:
     parser.add_argument("--chunk-interval", type=float, default=0.02)
     parser.add_argument("--real", action="store_true", help="real llama-server routers")
     parser.add_argument("--llama-server", help="the binary (default: scripts/llama-server.sh's)")
-    parser.add_argument("--baseline-rev", default="main", help="today's crossbar (git revision)")
+    parser.add_argument("--baseline-rev", default=BEFORE, help="today's crossbar (git revision)")
     parser.add_argument(
         "--agents",
         type=agents_of,
