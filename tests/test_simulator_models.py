@@ -46,6 +46,7 @@ def test_a_request_for_another_model_waits_while_every_loaded_model_is_busy() ->
     _step(clock, stub, 0.5)
     assert sim.models == {"a": "loaded", "b": "unloaded"}  # a is busy: not evicted
     assert sim.evictions == {} and not waiting
+    assert sim.room_waits == 1  # counted once, however often it looks again
     _step(clock, stub, 0.5)  # a's answer ends: a is idle, b evicts it and loads
     assert busy and sim.models == {"a": "unloaded", "b": "loading"}
     assert sim.evictions == {"a": 1} and sim.loads == {"b": 1}
@@ -80,3 +81,15 @@ def test_two_requests_for_a_waiting_model_start_one_load() -> None:
     _step(clock, stub, 1.0)
     _step(clock, stub, 3.5)
     assert sim.loads == {"b": 1} and all(second)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_benchmark_reads_the_counts_from_the_simulators_own_path() -> None:
+    sim, stub, clock = _router({"a": "loaded", "b": "unloaded"}, 1)
+    watch(stub.post("http://sim/v1/chat/completions", json=chat("a")))
+    stub.flush()
+    watch(stub.post("http://sim/v1/chat/completions", json=chat("b")))
+    _step(clock, stub, 1.5)
+    code, counts = await get_json(stub, "/_simulator/counts")
+    assert code == 200
+    assert counts == {"loads": {"b": 1}, "evictions": {"a": 1}, "room_waits": 1}

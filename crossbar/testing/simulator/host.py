@@ -149,6 +149,16 @@ class SimulatedHost:
         """Models stopped to make room for another (never a busy one), by model."""
         return dict(self._table.evictions)
 
+    @property
+    def room_waits(self) -> int:
+        """Requests that waited for a model to load because every loaded one was busy."""
+        return self._table.room_waits
+
+    def counts(self) -> dict[str, object]:
+        """Loads, evictions and room waits, as ``GET /_simulator/counts`` tells them (a
+        path of the simulator's own: a benchmark in another process reads them there)."""
+        return {"loads": self.loads, "evictions": self.evictions, "room_waits": self.room_waits}
+
     def status(self, model_id: str) -> str:
         return self._table.models[model_id].status
 
@@ -268,6 +278,8 @@ class SimulatedHost:
             serving.send(request, 200, dumps(apis.counted(COUNT[path], body)))
         elif method == "GET" and path in ("/props", "/slots", "/metrics"):
             await self._info(request, path)
+        elif method == "GET" and path == "/_simulator/counts":
+            serving.send(request, 200, dumps(self.counts()))
         elif self.router and method == "POST" and path in ("/models/load", "/models/unload"):
             self._load_or_unload(request, load=path == "/models/load")
         else:

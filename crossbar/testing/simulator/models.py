@@ -67,6 +67,7 @@ class ModelTable:
         self._room_waiters: list[Deferred[None]] = []
         self.loads: dict[str, int] = {}  # loads started, by model
         self.evictions: dict[str, int] = {}  # models stopped to make room, by model
+        self.room_waits = 0  # requests that waited because every loaded model was busy
         for model_id, status in statuses.items():
             self.set_status(model_id, status)
 
@@ -93,11 +94,14 @@ class ModelTable:
             stopped: Deferred[None] = Deferred()
             model.unload_waiters.append(stopped)
             await stopped
+        waited = False
         while model.status != "loaded":
             if model.status == "unloaded":
                 if not autoload:
                     raise HttpError(400, "model is not loaded")
                 if not self._has_room(model):
+                    self.room_waits += not waited  # once a request
+                    waited = True
                     room: Deferred[None] = Deferred()
                     self._room_waiters.append(room)
                     await room  # a model went idle or away: look again
