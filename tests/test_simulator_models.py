@@ -85,7 +85,7 @@ def test_two_requests_for_a_waiting_model_start_one_load() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_benchmark_reads_the_counts_from_the_simulators_own_path() -> None:
-    sim, stub, clock = _router({"a": "loaded", "b": "unloaded"}, 1)
+    _, stub, clock = _router({"a": "loaded", "b": "unloaded"}, 1)
     watch(stub.post("http://sim/v1/chat/completions", json=chat("a")))
     stub.flush()
     watch(stub.post("http://sim/v1/chat/completions", json=chat("b")))
