@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from crossbar.config import parse_config
+from crossbar.config import KeyHolder, RouteConfig, Secret, parse_config
+from crossbar.fleet.queue import Flow
+from crossbar.server.waiting import flow_of
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
@@ -162,3 +164,17 @@ def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them()
         assert head.startswith(b"HTTP/1.1 503")
         assert json.loads(body) == {"error": "crossbar is stopping"}
     assert memory.traffic.queue.waiting() == 0
+
+
+def test_a_request_s_flow_is_its_key_s_holder_whether_or_not_the_door_named_the_key() -> None:
+    """The door's key is taken only if it is one of the route's; else the head is read."""
+    holder = KeyHolder("ada", "interactive", max_in_flight=2)
+    ada, other = Secret(b"ada-key", holder=holder), Secret(b"other-key")
+    route = RouteConfig("lab", ("gpu-a",), None, api_keys=(ada,))
+    head = [(b"Authorization", [b"Bearer ada-key"])]
+    expected = Flow("ada", 0, 2)
+    assert flow_of(route, head, "10.0.0.1") == expected
+    assert flow_of(route, [], "10.0.0.1", ada) == expected
+    assert flow_of(route, head, "10.0.0.1", other) == expected  # not the route's: read again
+    assert flow_of(route, [], "10.0.0.1", other) == Flow("10.0.0.1", 1)
+    assert flow_of(RouteConfig("open", ("gpu-a",), None), head, "10.0.0.1", ada).name == "10.0.0.1"
