@@ -66,9 +66,8 @@ class Crossbar(MultiService):
         self.recent, self.hourly = hosts.recent, hosts.hourly
         self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
-        self._observer = Observers(
-            self.metrics, self.recent, self.hourly, AccessLog(self.table.knows)
-        )
+        access = AccessLog(self.table.knows, text=config.log_format == "text")
+        self._observer = Observers(self.metrics, self.recent, self.hourly, access)
         self.waits = Waits(self.traffic, self.table, reactor)
         self.proxy = ProxyResource(self._context(config))
         self.status = self._status_app(config, reactor, worker)
