@@ -74,7 +74,8 @@ class Crossbar(MultiService):
         self.table.models_changed = self.model_events.seen  # loads and evictions, logged
         self.metrics.registry.register(self.model_events)  # and counted
         self.usage = _usage_ledger(config, reactor, self.table.knows)
-        observers = (self.metrics, self.recent, self.hourly, AccessLog(self.table.knows))
+        access = AccessLog(self.table.knows, text=config.log_format == "text")
+        observers = (self.metrics, self.recent, self.hourly, access)
         self._observer = Observers(*observers, *([self.usage] if self.usage else []))
         self.waits = Waits(self.traffic, self.table, reactor)
         self.proxy = ProxyResource(self._context(config))

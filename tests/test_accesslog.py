@@ -7,7 +7,7 @@ import attrs
 from twisted.logger import Logger, formatEvent
 
 from crossbar.fleet import RequestRecord
-from crossbar.logformat import _request
+from crossbar.logformat import _request, json_line
 from crossbar.server.access import access_line
 from crossbar.server.accesslog import AccessLog
 
@@ -28,6 +28,21 @@ def test_the_access_event_is_the_one_logger_info_makes() -> None:
     assert abs(float(ours.pop("log_time")) - float(by_info.pop("log_time"))) < 5  # type: ignore[arg-type]
     assert ours == by_info
     assert formatEvent(ours) == line
+
+
+def test_with_the_json_log_the_line_is_the_same_text_once_something_formats_it() -> None:
+    """``log_format: json`` writes the record, not the line: the line is made only when
+    an observer formats the event, and then it is the same text, in the same JSON line."""
+    made: list[dict[str, object]] = []
+    logger = Logger("crossbar.access", None, made.append)  # type: ignore[arg-type]
+    AccessLog(lambda model: model == "m", logger).request_done(RECORD)
+    AccessLog(lambda model: model == "m", logger, text=False).request_done(RECORD)
+    text, lazy = made
+    assert not isinstance(lazy["request"], str)
+    assert formatEvent(lazy) == formatEvent(text) == access_line(RECORD)
+    assert str(lazy["request"]) == text["request"]
+    lazy["log_time"] = text["log_time"]
+    assert json_line(lazy) == json_line(text)
 
 
 def test_a_model_no_host_lists_is_logged_as_other() -> None:

@@ -114,6 +114,15 @@ def test_a_route_with_keys_refuses_any_other_head(headers: RawHeaders) -> None:
     assert refusal.close  # the body that may follow is never read
 
 
+def test_the_guard_names_the_key_that_let_a_head_in() -> None:
+    """The proxy learns who asked from the door, without reading the head again."""
+    keys = KeyGuard.for_config(keyed_config())
+    assert keys.admit(CHAT, auth(b"Bearer lab-key-b")) is KEY_B
+    assert keys.admit(CHAT, [(b"X-Api-Key", [b"wrong"]), *auth(b"Bearer lab-key-a")]) is KEY_A
+    assert keys.admit(CHAT, auth(b"Bearer team")) == UNAUTHORIZED
+    assert keys.admit(b"/open/v1/models", auth(b"Bearer lab-key-a")) is None
+
+
 def test_a_route_without_keys_is_open() -> None:
     keys = KeyGuard.for_config(keyed_config())
     assert keys(b"/open/v1/models", []) is None

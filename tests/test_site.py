@@ -21,11 +21,13 @@ import pytest
 import pytest_twisted
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv6Address
+from twisted.internet.interfaces import ISSLTransport
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
+from zope.interface import directlyProvides
 
 from crossbar.config import HostSettings, Limits
 from crossbar.fleet import HealthTable, Traffic
@@ -692,3 +694,12 @@ async def test_a_connection_whose_request_came_with_it_does_not_give_way(served:
             assert answer == b"" and served.site.refused_connections == 1
         await eventually(lambda: len(served.proxy.rendered) == 1)
         served.proxy.rendered.pop().finish()
+
+
+def test_a_connection_is_secure_only_over_tls_and_asked_once(d: Door) -> None:
+    """The client's scheme (``X-Forwarded-Proto``) is the connection's: TLS or not."""
+    plain, tls = d.connect(), d.connect()
+    directlyProvides(tls.transport, ISSLTransport)
+    assert (plain.channel.isSecure(), tls.channel.isSecure()) == (False, True)
+    directlyProvides(tls.transport)  # the answer is the connection's, kept
+    assert tls.channel.isSecure()

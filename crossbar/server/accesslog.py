@@ -16,18 +16,38 @@ def _nobody_lists(model: str) -> bool:
     return False
 
 
+class _Line:
+    """The line, made only if something formats the event: with ``log_format: json``
+    the record is written instead, and the line's text would be made for nothing."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: RequestRecord) -> None:
+        self._record = record
+
+    def __str__(self) -> str:
+        return access_line(self._record)
+
+    def __format__(self, spec: str) -> str:
+        return format(access_line(self._record), spec)
+
+
 class AccessLog:
     """An observer of requests that logs each one's line (``crossbar.access``).
 
     ``knows`` says whether a host lists a model: the JSON line names a model no host
     lists as ``other``, so that a client cannot write what it likes, of any size, into
-    the log.
+    the log. ``text=False`` (``log_format: json``): the line is made only if formatted.
     """
 
     def __init__(
-        self, knows: Callable[[str], bool] = _nobody_lists, logger: Logger | None = None
+        self,
+        knows: Callable[[str], bool] = _nobody_lists,
+        logger: Logger | None = None,
+        text: bool = True,
     ) -> None:
         self._knows = knows
+        self._line: Callable[[RequestRecord], object] = access_line if text else _Line
         self._log = logger or Logger(namespace="crossbar.access")
 
     def request_done(self, record: RequestRecord) -> None:
@@ -40,7 +60,7 @@ class AccessLog:
         logger = self._log
         logger.observer(
             {
-                "request": access_line(record),
+                "request": self._line(record),
                 "access": record,
                 "access_model": model,
                 "log_logger": logger,

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from twisted.web import server
 
-from crossbar.config import RouteConfig
+from crossbar.config import RouteConfig, Secret
 from crossbar.fleet import Placement, RequestRecord
 from crossbar.fleet.queue import Flow
 from crossbar.server.phases import Phase
@@ -38,6 +38,12 @@ class Ended(Protocol):
     def sent(self) -> int: ...
 
 
+def door_key(request: server.Request) -> Secret | None:
+    """The key the door let ``request`` in with (a :class:`ProxyRequest`'s), if any."""
+    key: Secret | None = getattr(request, "key", None)
+    return key
+
+
 def record_of(ended: Ended, now: float) -> RequestRecord:
     """The record of ``ended`` at ``now``."""
     placed, reader = ended.placement, ended.reader
@@ -48,7 +54,8 @@ def record_of(ended: Ended, now: float) -> RequestRecord:
     flow, route = ended.flow, ended.route
     keyed = route is not None and bool(route.api_keys)
     if flow is None and route is not None and keyed:  # who, for usage: only where keys are
-        flow = flow_of(route, ended.request.requestHeaders.getAllRawHeaders(), "")
+        request = ended.request
+        flow = flow_of(route, request.requestHeaders.getAllRawHeaders(), "", door_key(request))
     return RequestRecord(
         route=route.name if route is not None else "-",
         host=ended.host,

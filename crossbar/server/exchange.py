@@ -29,7 +29,7 @@ from crossbar.fleet import Ask, Conversation, Placement, RequestRecord, merged_l
 from crossbar.fleet.queue import Flow, Refused, Waiting
 from crossbar.server.asking import Asked, read_request, route_of
 from crossbar.server.context import ProxyContext
-from crossbar.server.ending import record_of
+from crossbar.server.ending import door_key, record_of
 from crossbar.server.errors import error_payload
 from crossbar.server.phases import ENDED, MOVES, Phase
 from crossbar.server.request import answer_json, release_body
@@ -99,8 +99,7 @@ class Exchange:
     # -- choosing ------------------------------------------------------------------------------
 
     def _prepare(self) -> bool:
-        """Rules that need no upstream: route, path, body limit, model. False when the
-        request was answered here (a route's merged model list)."""
+        """Rules needing no upstream (route, path, body, model); False: answered here."""
         request, proxy = self.request, self.proxy
         assert request.uri is not None and request.method is not None
         self.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
@@ -175,7 +174,8 @@ class Exchange:
     # -- waiting for a slot ----------------------------------------------------------------
 
     def _flow_of(self, route: RouteConfig) -> Flow:
-        return flow_of(route, self.request.requestHeaders.getAllRawHeaders(), self._asked.client)
+        head, client = self.request.requestHeaders.getAllRawHeaders(), self._asked.client
+        return flow_of(route, head, client, door_key(self.request))
 
     def _queue(self, waits: Waits, route: RouteConfig) -> None:
         """Every slot of the group is busy: wait in crossbar (or be refused, past a limit)."""

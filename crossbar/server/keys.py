@@ -11,13 +11,14 @@ that is not there, and cannot learn their names by trying.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from hmac import compare_digest
 from typing import Literal
 from urllib.parse import unquote_to_bytes
 
 import attrs
 
-from crossbar.config import Config, Secret, matches
+from crossbar.config import Config, Secret
 from crossbar.server.door import RawHeaders, Refusal
 
 UNAUTHORIZED = Refusal(401, "unauthorized", headers=((b"WWW-Authenticate", b"Bearer"),), close=True)
@@ -56,7 +57,20 @@ def offered(headers: RawHeaders) -> Iterator[bytes]:
 
 def holds_key(headers: RawHeaders, keys: Iterable[Secret]) -> bool:
     """Whether the head offers one of ``keys`` (each offer compared in constant time)."""
-    return any(matches(key, keys) for key in offered(headers))
+    return key_held(headers, tuple(keys)) is not None
+
+
+def key_held(headers: RawHeaders, keys: Sequence[Secret]) -> Secret | None:
+    """The first of ``keys`` the head's first good offer matches: each offer is compared
+    with every key, in time that does not depend on how much of one it got right."""
+    for value in offered(headers):
+        found = None
+        for key in keys:
+            if compare_digest(value, key.value) and found is None:
+                found = key
+        if found is not None:
+            return found
+    return None
 
 
 @attrs.frozen
@@ -95,6 +109,12 @@ class KeyGuard:
         return pages_guarded or (self.pages != "only" and bool(self.any_route))
 
     def __call__(self, path: bytes, headers: RawHeaders) -> Refusal | None:
+        verdict = self.admit(path, headers)
+        return verdict if isinstance(verdict, Refusal) else None
+
+    def admit(self, path: bytes, headers: RawHeaders) -> Refusal | Secret | None:
+        """As a call, and for a request a key let in, that key: the proxy knows who
+        asked (for usage and fairness) without walking the head again."""
         if isinstance(self.pages, Peers):
             return None if holds_key(headers, self.status) else UNAUTHORIZED
         if self.pages == "only":
@@ -105,9 +125,10 @@ class KeyGuard:
         keys = self.routes.get(segment)
         if keys is None:  # no such route (or none named): the proxy says which
             keys = self.any_route if segment else ()
-        if keys and not holds_key(headers, keys):
-            return UNAUTHORIZED
-        return None
+        if not keys:
+            return None
+        key = key_held(headers, keys)
+        return UNAUTHORIZED if key is None else key
 
     def _status(self, path: bytes, headers: RawHeaders) -> Refusal | None:
         if not self.status or path in PROBES or holds_key(headers, self.status):

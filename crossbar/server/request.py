@@ -12,9 +12,10 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import IResource
 
 from crossbar._twisted import client_gone, request_line, request_version
-from crossbar.config import Limits
+from crossbar.config import Limits, Secret
 from crossbar.server import door
 from crossbar.server.door import Guard, Refusal
+from crossbar.server.keys import KeyGuard
 from crossbar.server.rewrite import json_body
 from crossbar.server.timers import http_date
 
@@ -51,6 +52,8 @@ class ProxyRequest(server.Request):
     """
 
     rejected = False
+    key: Secret | None = None
+    """The key the door let it in with (:meth:`crossbar.server.keys.KeyGuard.admit`)."""
     _chunked = False
     _received = 0
     _held = 0
@@ -102,8 +105,16 @@ class ProxyRequest(server.Request):
         refusal = door.hygiene(method, path, hosts, version)
         if refusal is None and (site.proxy is None or path.startswith(b"/_crossbar")):
             refusal = door.unreadable_page(path, hosts)
-        if refusal is None and site.guard is not None:
-            refusal = site.guard(path, list(self.requestHeaders.getAllRawHeaders()))
+        guard = site.guard
+        if refusal is None and guard is not None:
+            headers = list(self.requestHeaders.getAllRawHeaders())
+            verdict = (
+                guard.admit(path, headers) if type(guard) is KeyGuard else guard(path, headers)
+            )
+            if isinstance(verdict, Refusal):
+                refusal = verdict
+            else:
+                self.key = verdict
         if refusal is None and site.draining:
             channel.persistent = False  # every answer while stopping closes its connection
             self.responseHeaders.setRawHeaders(b"connection", [b"close"])

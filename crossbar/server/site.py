@@ -60,6 +60,7 @@ class Channel(ParserRefusals):
     _in_body = False
     _refused = False
     _host: Any = None
+    _secure: bool | None = None
     _direct: Any = None
     _silent = True  # not a byte received yet
     heads = 0  # request heads received on this connection; none yet: it is fresh
@@ -100,6 +101,12 @@ class Channel(ParserRefusals):
         if self._host is None:
             self._host = super().getHost()
         return self._host
+
+    def isSecure(self) -> bool:
+        """Whether the connection is TLS (an interface lookup), asked once per connection."""
+        if self._secure is None:
+            self._secure = bool(super().isSecure())
+        return self._secure
 
     def dataReceived(self, data: bytes) -> None:
         if self._refused:

@@ -71,18 +71,18 @@ class Tally:
         found = raw if isinstance(raw, Counts) else self._decoded(_COUNTS_DECODER, raw)
         if found is None:
             return
-        number = self.number
-        number("prompt_tokens", found.prompt_tokens)
-        number("completion_tokens", found.completion_tokens)
-        number("input_tokens", found.input_tokens)
-        number("cache_read_input_tokens", found.cache_read_input_tokens)
-        if outputs:
-            number("output_tokens", found.output_tokens)
+        self._numbers(
+            ("prompt_tokens", found.prompt_tokens),
+            ("completion_tokens", found.completion_tokens),
+            ("input_tokens", found.input_tokens),
+            ("cache_read_input_tokens", found.cache_read_input_tokens),
+            ("output_tokens", found.output_tokens if outputs else None),
+        )
         for details in (found.prompt_tokens_details, found.input_tokens_details):
             if details is None:
                 continue
             if isinstance(details, dict):
-                number("cached_tokens", details.get("cached_tokens"))
+                self.number("cached_tokens", details.get("cached_tokens"))
             else:
                 self.bad += 1
 
@@ -90,12 +90,19 @@ class Tally:
         found = raw if isinstance(raw, Timings) else self._decoded(_TIMINGS_DECODER, raw)
         if found is None:
             return
-        number = self.number
-        number("cache_n", found.cache_n)
-        number("prompt_n", found.prompt_n)
-        number("predicted_n", found.predicted_n)
-        number("prompt_ms", found.prompt_ms, float)
-        number("predicted_per_second", found.predicted_per_second, float)
+        self._numbers(
+            ("cache_n", found.cache_n),
+            ("prompt_n", found.prompt_n),
+            ("predicted_n", found.predicted_n),
+        )
+        self.number("prompt_ms", found.prompt_ms, float)
+        self.number("predicted_per_second", found.predicted_per_second, float)
+
+    def _numbers(self, *named: tuple[str, Any]) -> None:
+        """Counts (whole numbers), as :meth:`number` takes each; most are absent."""
+        for name, value in named:
+            if value is not None:
+                self.number(name, value)
 
     def _decoded(self, decoder: msgspec.json.Decoder[_T], raw: Raw | None) -> _T | None:
         """``raw`` decoded; ``None`` when absent, or unreadable (counted bad)."""
@@ -109,8 +116,10 @@ class Tally:
 
     def top(self, top: Any) -> None:
         """An event's data or a body, as :mod:`crossbar.server.usage` decoded it."""
-        self.counts(top.usage)
-        self.timings(top.timings)
+        if top.usage is not _UNSET:
+            self.counts(top.usage)
+        if top.timings is not _UNSET:
+            self.timings(top.timings)
         if top.message is not _UNSET:
             self.counts(self.object(top.message).get("usage"), outputs=False)
         if top.response is not _UNSET:

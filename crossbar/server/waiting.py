@@ -25,13 +25,13 @@ from typing import Any, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from crossbar.config import Config, RouteConfig, matches
+from crossbar.config import Config, RouteConfig, Secret
 from crossbar.fleet import Conversation, HealthTable, Traffic, best_group
 from crossbar.fleet.placement import spill_places
 from crossbar.fleet.policies import CacheAffinity
 from crossbar.fleet.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.fleet.rendezvous import rendezvous
-from crossbar.server.keys import offered
+from crossbar.server.keys import key_held
 
 TICK = 1.0
 """Seconds between two looks at what waits (time-outs, hosts come back) while any does."""
@@ -304,19 +304,40 @@ class Waits:
             self._release(name)
 
 
-def flow_of(route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str) -> Flow:
+def flow_of(
+    route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str, key: Secret | None = None
+) -> Flow:
     """Who a request is, for fairness: its key's holder (by name), an unnamed key (by a
-    short fingerprint that cannot be turned back into it), else the client's address."""
+    short fingerprint that cannot be turned back into it), else the client's address.
+    ``key``: the one the door let it in with, if it is one of the route's (else the
+    head is read again)."""
     if route.api_keys:
-        for value in offered(list(headers)):
-            for key in route.api_keys:
-                if matches(value, (key,)):
-                    holder = key.holder
-                    if holder is None:
-                        return Flow(f"key-{_fingerprint(key.value)}")
-                    band = BANDS.get(holder.priority, 1)
-                    return Flow(holder.name, band, holder.max_in_flight, holder.max_waiting)
+        if key is None or not any(mine is key for mine in route.api_keys):
+            key = key_held(list(headers), route.api_keys)
+        if key is not None:
+            return _key_flow(key)
     return Flow(client, BANDS["normal"])
+
+
+_FLOWS: dict[int, tuple[Secret, Flow]] = {}
+"""Each configured key's flow, made once (a frozen value, checked as it is built)."""
+
+
+def _key_flow(key: Secret) -> Flow:
+    known = _FLOWS.get(id(key))
+    if known is not None and known[0] is key:
+        return known[1]
+    holder = key.holder
+    if holder is None:
+        flow = Flow(f"key-{_fingerprint(key.value)}")
+    else:
+        flow = Flow(
+            holder.name, BANDS.get(holder.priority, 1), holder.max_in_flight, holder.max_waiting
+        )
+    if len(_FLOWS) >= 1024:  # reloads made new keys: the old ones go
+        _FLOWS.clear()
+    _FLOWS[id(key)] = (key, flow)
+    return flow
 
 
 @functools.lru_cache(maxsize=256)
