@@ -272,16 +272,16 @@ def test_time_to_first_token_is_the_first_content_not_pings_or_a_role() -> None:
     assert reader.first_content_event == 3
 
 
-def test_anthropic_speed_is_measured_from_first_to_last_content() -> None:
-    times = iter([10.0, 10.5, 11.0, 12.0])
+def test_anthropic_speed_is_measured_from_first_content_to_the_streams_end() -> None:
+    times = iter([10.0, 11.0, 12.0])
     reader = AnswerReader("anthropic", True, lambda: next(times))
-    events = ANTHROPIC_STREAM.split(b"\n\n")
-    for piece in events[:-1]:
-        reader.feed(piece + b"\n\n")
-    # three tokens: the first at 10.0, the last at 11.0: two more in one second
+    for piece in ANTHROPIC_STREAM.split(b"\n\n")[:-1]:
+        reader.feed(piece + b"\n\n")  # the first content at 10.0; no chunk after asks the time
+    usage = reader.usage()  # at the end: 11.0
+    # three tokens: the first at 10.0, the last by 11.0: two more in one second
     assert (reader.first_content, reader.last_content) == (10.0, 11.0)
-    assert reader.usage().tokens_per_second == 2.0
-    assert next(times) == 12.0  # the closing events asked no time
+    assert usage.tokens_per_second == 2.0
+    assert next(times) == 12.0  # nothing else asked the time
 
 
 def test_a_responses_answer_longer_than_the_tail_still_reports_its_usage() -> None:

@@ -4,7 +4,7 @@ counted as bad, never summed. Pure, no I/O (the reader is :mod:`crossbar.server.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -41,6 +41,38 @@ class Timings(msgspec.Struct, gc=False):
     predicted_per_second: Any = None
 
 
+_Count = Annotated[int, msgspec.Meta(ge=0, le=MOST_TOKENS)]
+_Ms = Annotated[float, msgspec.Meta(ge=0, le=MOST_MS)]
+
+
+class _Cached(msgspec.Struct, omit_defaults=True, gc=False):
+    cached_tokens: _Count | None = None
+
+
+class GoodCounts(msgspec.Struct, omit_defaults=True, gc=False):
+    """A ``usage`` object whose numbers msgspec checked as it read them, by the rules of
+    :meth:`Tally.number` (most answers'): kept in one step. With one bad number the
+    object is read again as :class:`Counts`, number by number."""
+
+    prompt_tokens: _Count | None = None
+    completion_tokens: _Count | None = None
+    input_tokens: _Count | None = None
+    cache_read_input_tokens: _Count | None = None
+    output_tokens: _Count | None = None
+    prompt_tokens_details: _Cached | None = None
+    input_tokens_details: _Cached | None = None
+
+
+class GoodTimings(msgspec.Struct, omit_defaults=True, gc=False):
+    """``timings``, checked as :class:`GoodCounts` is."""
+
+    cache_n: _Count | None = None
+    prompt_n: _Count | None = None
+    predicted_n: _Count | None = None
+    prompt_ms: _Ms | None = None
+    predicted_per_second: _Ms | None = None
+
+
 _COUNTS_DECODER = msgspec.json.Decoder(Counts)
 _TIMINGS_DECODER = msgspec.json.Decoder(Timings)
 
@@ -65,10 +97,18 @@ class Tally:
         else:
             self.bad += 1
 
-    def counts(self, raw: Raw | Counts | None, outputs: bool = True) -> None:
+    def counts(self, raw: Raw | GoodCounts | None, outputs: bool = True) -> None:
         """A ``usage`` object; ``outputs=False`` for Anthropic's ``message_start``, whose
         ``output_tokens`` is a 0 standing for "not yet"."""
-        found = raw if isinstance(raw, Counts) else self._decoded(_COUNTS_DECODER, raw)
+        if isinstance(raw, GoodCounts):
+            got = msgspec.to_builtins(raw)  # the numbers it has: the others are left out
+            for details in ("prompt_tokens_details", "input_tokens_details"):
+                got.update(got.pop(details, {}))
+            if not outputs:
+                got.pop("output_tokens", None)
+            self.fields.update(got)
+            return
+        found = self._decoded(_COUNTS_DECODER, raw)
         if found is None:
             return
         self._numbers(
@@ -86,8 +126,11 @@ class Tally:
             else:
                 self.bad += 1
 
-    def timings(self, raw: Raw | Timings | None) -> None:
-        found = raw if isinstance(raw, Timings) else self._decoded(_TIMINGS_DECODER, raw)
+    def timings(self, raw: Raw | GoodTimings | None) -> None:
+        if isinstance(raw, GoodTimings):
+            self.fields.update(msgspec.to_builtins(raw))
+            return
+        found = self._decoded(_TIMINGS_DECODER, raw)
         if found is None:
             return
         self._numbers(

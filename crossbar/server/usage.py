@@ -16,16 +16,16 @@ What each API reports (llama-server, ``tools/server/server-task.cpp``):
   ``output_tokens`` in ``response.completed`` (or the body); no timings either.
 
 A stream's events are read one by one only until its first content event (the time to the
-first token: the head and ``:`` pings come before it); after it a chunk costs a ``bytes``
-search and an append, the last :data:`TAIL` bytes are kept and their usage read at the end
-(a ``response.completed`` longer than that, which repeats the answer, from its end).
+first token: the head and ``:`` pings come before it); after it a chunk costs an append
+(no copy, no search, no clock), the last :data:`TAIL` bytes are kept and their usage read
+at the end (a ``response.completed`` longer than that from its end). The last content is
+timed at the stream's end, as the closing events follow it at once.
 A number absent is unknown; one not an integer (a number, for a time), negative or too
 large is ignored and counted in :attr:`Usage.bad`, as is what cannot be read. Pure, no I/O.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -33,7 +33,8 @@ from typing import TypeVar
 import attrs
 import msgspec
 
-from crossbar.server.tally import ERRORS, Counts, Tally, Timings
+from crossbar.server.events import events_with, fields, trailing_objects
+from crossbar.server.tally import ERRORS, GoodCounts, GoodTimings, Tally
 
 MAX_EVENT = 64 * 1024
 """Longest event read before the first content; a longer one is skipped and counted bad."""
@@ -78,12 +79,12 @@ class _Top(msgspec.Struct):
 
 
 class _Read(_Top):
-    """The same, its ``usage`` and ``timings`` read in the same pass (most answers': one
-    decode instead of three); a body whose objects are not of these shapes is read again
-    as :class:`_Top`, field by field, its bad numbers counted."""
+    """The same, its ``usage`` and ``timings`` read and checked in the same pass (most
+    answers': one decode instead of three); a body with a bad number, or objects not of
+    these shapes, is read again as :class:`_Top`, field by field, its bad numbers counted."""
 
-    usage: Counts | msgspec.UnsetType = _UNSET  # type: ignore[assignment]
-    timings: Timings | msgspec.UnsetType = _UNSET  # type: ignore[assignment]
+    usage: GoodCounts | msgspec.UnsetType = _UNSET  # type: ignore[assignment]
+    timings: GoodTimings | msgspec.UnsetType = _UNSET  # type: ignore[assignment]
 
 
 _ERRORS = ERRORS
@@ -91,17 +92,13 @@ _TOP = msgspec.json.Decoder(_Top)
 _READ = msgspec.json.Decoder(_Read)
 _CHOICES = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
 _EMPTY = frozenset({b"", b'""', b"null", b"[]", b"{}"})
-_MARKERS = {"chat": b'"delta":{"', "completion": b'"text":"', "anthropic": b"content_block_delta"}
-_MARKERS["responses"] = b'.delta"'
-"""Bytes every content event of an API holds: a chunk with them is content, cheaply."""
-_OBJECT_AFTER = rb'"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})'
-_TRAILING = {key: re.compile(rb'"' + key + _OBJECT_AFTER) for key in (b"usage", b"timings")}
 _ENDS = {
     "anthropic": frozenset({b"message_stop"}),
     "responses": frozenset({b"response.completed", b"response.incomplete", b"response.failed"}),
 }
 """The names of the event that ends a stream, by API (none: it is ``data: [DONE]``)."""
-_WINDOW = 4096  # how far past its key an object read from an event's end may reach
+_KEYS = (b'"usage"', b'"timings"')
+"""What an event that carries usage holds (the others carry none)."""
 _CONTENT = ("content", "reasoning_content", "tool_calls")
 """A chat delta with any of these, not empty, is content (a role alone is not)."""
 
@@ -121,26 +118,26 @@ class AnswerReader:
     # What most answers never change is the class's: a reader is made per request.
     first_content: float | None = None
     """When the first content event came: the time to first token, not to the head."""
-    last_content: float | None = None  # when the last chunk with content came
+    last_content: float | None = None  # the end of the content: the stream's end
     first_content_event: int | None = None  # which event (from 0, pings counted) it was
     _skipping = _too_long = _ended = False  # in an event past MAX_EVENT; past MAX_BODY; ended
-    _events = _after = 0  # events read; bytes seen after the first content
+    _cut = False  # the tail begins inside an event
+    _events = _kept = 0  # events read; bytes in the tail's chunks
     _body: bytearray | bytes = b""  # a body not streamed: its one chunk as it came, or more
     _done: Usage | None = None
     _streamed_end: frozenset[bytes] | None = None
-    _marker = _big_end = _carry = b""  # a content event's bytes; the last event's; a cut name
+    _big_end = b""  # a Responses stream's last event's name line
 
     def __init__(self, api: str, streamed: bool, now: Callable[[], float] | None = None) -> None:
         self._api = api
         self._now = now or time.monotonic
         self._tally = Tally()
         self._pending = bytearray()  # the event being read, before the first content
-        self._tail = bytearray()  # the last TAIL to 2 * TAIL bytes
+        self._tail: list[bytes] = []  # after the first content: its last chunks, TAIL or more
         if api not in APIS:
             self.feed = _ignore
         elif streamed:
             self._streamed_end = _ENDS.get(api, frozenset())
-            self._marker = _MARKERS[api]
             if api == "responses":
                 self._big_end = b"event: response.completed"
             self.feed = self._read_events
@@ -150,6 +147,8 @@ class AnswerReader:
     def usage(self) -> Usage:
         """What the answer reported; the reader reads nothing more after this."""
         if self._done is None:
+            if self.first_content is not None and self._streamed_end is not None:
+                self.last_content = self._now()
             self.feed = _ignore
             self._finish()
             self._done = self._sum()
@@ -159,14 +158,13 @@ class AnswerReader:
         """Whether the stream relayed so far ends with its API's last event (chat's and
         completions' ``[DONE]``, Anthropic's ``message_stop``, Responses' ``completed``,
         ``incomplete`` or ``failed``): a client that leaves then had its whole answer.
-        Read from the tail; only a Responses stream is searched a chunk for its last
-        event's name, as that event repeats the answer and may outgrow the tail."""
+        Read from the tail (a Responses stream's last event may outgrow it: see :meth:`_trim`)."""
         ends = self._streamed_end
         if ends is None or self._pending.strip(b"\r\n"):
             return False  # not streamed, or an event under way
         if not self._tail:
             return self._ended
-        tail = bytes(self._tail).replace(b"\r", b"")
+        tail = self._joined().replace(b"\r", b"")
         if not tail.endswith(b"\n\n"):
             return False
         if not ends:
@@ -220,14 +218,14 @@ class AnswerReader:
     def _event(self, event: bytes) -> None:
         if not event.strip():
             return
-        name, data = _fields(event)
+        name, data = fields(event)
         if self._streamed_end is not None:
             self._ended = name in self._streamed_end or data.strip() == b"[DONE]"
         number = self._events
         self._events += 1
         top = self._read(data)
         if top is not None and self.first_content is None and self._is_content(name, top):
-            self.first_content = self.last_content = self._now()
+            self.first_content = self._now()
             self.first_content_event = number
 
     def _is_content(self, name: bytes, top: _Top) -> bool:
@@ -249,25 +247,27 @@ class AnswerReader:
                 return True
         return False
 
-    # After the first content: a search and an append a chunk.
+    # After the first content: an append a chunk (the chunk itself, not a copy).
 
     def _keep_tail(self, data: bytes) -> None:
-        if data.rfind(self._marker) >= 0:  # from the end, where a delta is: 40% fewer steps
-            self.last_content = self._now()
-        if self._big_end:
-            self._seek_end(data)
-        self._after += len(data)
-        self._tail += data if len(data) <= TAIL else data[-TAIL:]
-        if len(self._tail) > 2 * TAIL:  # moved once every TAIL bytes or more
-            del self._tail[:-TAIL]
+        self._tail.append(data)
+        self._kept += len(data)
+        if self._kept > 2 * TAIL:  # once every TAIL bytes or more
+            self._trim()
 
-    def _seek_end(self, data: bytes) -> None:
-        """A Responses stream's last event's name, found across chunk boundaries too."""
-        end = self._big_end
-        span = self._carry + data[: len(end) - 1]
-        if end in data or end in span:
+    def _trim(self) -> None:
+        """The tail's chunks made into its last TAIL bytes; a Responses stream's last
+        event's name is looked for first, as that event may outgrow the tail (the kept
+        bytes hold the end of the chunks before: a name cut in two is found too)."""
+        joined = self._joined()
+        if self._big_end and self._big_end in joined:
             self._ended = True
-        self._carry = (self._carry + data[1 - len(end) :])[1 - len(end) :]
+        self._tail = [joined[-TAIL:]]
+        self._kept = TAIL
+        self._cut = True
+
+    def _joined(self) -> bytes:
+        return b"".join(self._tail)
 
     def _keep_body(self, data: bytes) -> None:
         body = self._body
@@ -295,12 +295,12 @@ class AnswerReader:
             self._read_tail()
 
     def _read_tail(self) -> None:
-        events = bytes(self._tail[-TAIL:]).replace(b"\r", b"").split(b"\n\n")
-        if self._after > TAIL:
-            self._read_trailing(events.pop(0))
-        for event in events:
-            if b'"usage"' in event or b'"timings"' in event:  # the others carry none
-                self._read(_fields(event)[1])
+        cut = self._cut or self._kept > TAIL  # the tail begins inside an event
+        for start, event in events_with(self._joined()[-TAIL:].replace(b"\r", b""), _KEYS):
+            if start or not cut:
+                self._read(fields(event)[1])
+            else:
+                self._read_trailing(event)
 
     def _read(self, data: bytes | bytearray) -> _Top | None:
         """An event's data, or a body: its usage and timings tallied."""
@@ -324,12 +324,9 @@ class AnswerReader:
 
     def _read_trailing(self, cut: bytes) -> None:
         """The end of an event longer than the tail: its last usage and timings objects."""
-        for key, pattern in _TRAILING.items():
-            at = cut.rfind(b'"' + key + b'"')
-            found = pattern.match(cut[at : at + _WINDOW]) if at >= 0 else None
-            if found is not None:
-                read = self._tally.counts if key == b"usage" else self._tally.timings
-                read(msgspec.Raw(found.group(1)))
+        for key, found in trailing_objects(cut):
+            read = self._tally.counts if key == b"usage" else self._tally.timings
+            read(msgspec.Raw(found))
 
     def _sum(self) -> Usage:
         got = self._tally.fields
@@ -361,8 +358,9 @@ class AnswerReader:
         )
 
     def _measured(self, generated: int) -> float | None:
-        """Tokens after the first over the time from the first content event to the last:
-        the first token's own time is the prefill's, as in llama-server's timings."""
+        """Tokens after the first over the time from the first content event to the last
+        (the stream's end): the first token's own time is the prefill's, as in
+        llama-server's timings."""
         if self.first_content is None or self.last_content is None or generated < 2:
             return None
         seconds = self.last_content - self.first_content
@@ -384,15 +382,3 @@ def _string(raw: Raw) -> bytes:
         return msgspec.json.decode(raw, type=str).encode()
     except _ERRORS:
         return b""
-
-
-def _fields(event: bytes) -> tuple[bytes, bytes]:
-    """An event's name and its data lines joined, as server-sent events define them."""
-    name = b""
-    data: list[bytes] = []
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            data.append(line[6:] if line[5:6] == b" " else line[5:])
-        elif line.startswith(b"event:"):
-            name = line[6:].strip()
-    return name, b"\n".join(data)
