@@ -1,8 +1,9 @@
 """Before and after, side by side: two crossbars on one fake upstream, measured in turn.
 
     .venv/bin/python benchmarks/ab.py BEFORE_DIR AFTER_DIR [--pairs 8] [--seconds 5]
-                                      [--features] [--streams K] [--out FILE]
+                                      [--features] [--streams K] [--chunks 50] [--out FILE]
                                       [--python-before PY] [--python-after PY]
+                                      [--route-before "KEY: VALUE"] [--route-after ...]
 
 BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package (``git archive HEAD crossbar |
 tar -x -C /tmp/before``; ``cp -r crossbar /tmp/after``). Both crossbars run at once, each
@@ -11,11 +12,14 @@ with the config ``run.py`` gives its own (``--features``: the route keyed,
 pair, so that what the machine does meanwhile falls on both alike. A change of a few per
 cent shows here when a full ``run.py`` of each, minutes apart, would hide it.
 ``--python-before`` and ``--python-after`` run a side under another virtualenv's
-interpreter (its ``twistd``).
+interpreter (its ``twistd``); ``--route-before`` and ``--route-after`` add keys to a side's
+route (``"queue: false"``), so that one tree can be measured with a feature and without.
 
 Each run prints crossbar's CPU per request (``wrk``, 64 connections) or per chunk
-(``--streams K``: K concurrent streams of 50 chunks), split into user and system time from
-``/proc/<pid>/stat``; then the medians and the difference of each pair (after minus before).
+(``--streams K``: K concurrent streams of ``--chunks`` chunks: a stream's own request is
+spread over its chunks, the less so the longer it is), split into user and system time
+from ``/proc/<pid>/stat``; then the medians and the difference of each pair (after minus
+before).
 """
 
 from __future__ import annotations
@@ -45,11 +49,19 @@ def user_system(pid: int) -> tuple[int, int]:
 
 
 def start(
-    name: str, src: Path, python: Path | None, upstream: int, workdir: Path, features: bool
+    name: str,
+    src: Path,
+    python: Path | None,
+    upstream: int,
+    workdir: Path,
+    features: bool,
+    route: list[str],
 ) -> tuple[Any, int]:
     port = free_port()
     config = workdir / f"{name}.yaml"
     crossbar_config(config, port, upstream, None, 1, features)
+    with config.open("a") as f:  # the route is the config's last block
+        f.writelines(f"    {line}\n" for line in route)
     twistd = crossbar_twistd(python)
     env = dict(os.environ, PYTHONPATH=str(src))
     with open(workdir / f"{name}.log", "wb") as log:
@@ -68,8 +80,8 @@ def start(
 def measure(proc: Any, url: str, args: argparse.Namespace, key: str | None) -> dict[str, float]:
     before = user_system(proc.pid)
     if args.streams:
-        result = run_streams(url, args.streams, 50, 20, key=key)
-        units, extra = args.streams * 50, {"ttfc_p50_ms": result["ttfc_ms"]["p50"]}
+        result = run_streams(url, args.streams, args.chunks, 20, key=key)
+        units, extra = args.streams * args.chunks, {"ttfc_p50_ms": result["ttfc_ms"]["p50"]}
     else:
         result = run_wrk(url, args.seconds, 64, 2, key)
         units = result["requests"]
@@ -88,6 +100,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5, help="seconds per wrk run (5)")
     parser.add_argument("--features", action="store_true", help="keys, cache_affinity, JSON log")
     parser.add_argument("--streams", type=int, default=0, help="K streams instead of wrk")
+    parser.add_argument("--chunks", type=int, default=50, help="chunks a stream (50)")
+    parser.add_argument("--route-before", action="append", default=[], help="a route key")
+    parser.add_argument("--route-after", action="append", default=[], help="a route key")
     parser.add_argument("--python-before", type=Path, default=None, help="its interpreter")
     parser.add_argument("--python-after", type=Path, default=None, help="its interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
@@ -108,11 +123,13 @@ def main() -> None:
             wait_for(f"http://127.0.0.1:{upstream_port}/health", "upstream", upstream)
             urls = {}
             sides = (
-                ("before", args.before, args.python_before),
-                ("after", args.after, args.python_after),
+                ("before", args.before, args.python_before, args.route_before),
+                ("after", args.after, args.python_after, args.route_after),
             )
-            for name, src, python in sides:
-                procs[name], port = start(name, src, python, upstream_port, workdir, args.features)
+            for name, src, python, route in sides:
+                procs[name], port = start(
+                    name, src, python, upstream_port, workdir, args.features, route
+                )
                 urls[name] = f"http://127.0.0.1:{port}/{ROUTE}/v1/chat/completions"
                 run_wrk(urls[name], 1, 64, 2, key)  # warm: imports, pools, caches
                 run_streams(urls[name], 10, 5, 10, key=key)
