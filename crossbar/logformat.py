@@ -41,10 +41,10 @@ def json_line(event: LogEvent) -> str | None:
     if relayed is not None:  # another worker's line, already an object: as it came
         return _encode(relayed) + "\n"
     access = event.get("access")
+    if type(access) is RequestRecord:  # most lines: made in one go
+        return _encode(_request(access, event)) + "\n"
     state = event.get("host_state")
-    if isinstance(access, RequestRecord):
-        fields = _request(access, event.get("access_model"))
-    elif state is not None:
+    if state is not None:
         reason = event.get("reason")
         fields = {
             "event": "host",
@@ -81,16 +81,20 @@ def _encode(fields: dict[str, Any]) -> str:
     return line if line.isascii() and "\x7f" not in line else _JSON.encode(fields)
 
 
-def _request(record: RequestRecord, model: object) -> dict[str, object]:
-    """A request's record (as :class:`~crossbar.server.accesslog.AccessLog` logs it) as
-    named fields; ``model`` as the access log shows it (``other`` when no host lists it)."""
+def _request(record: RequestRecord, event: LogEvent) -> dict[str, object]:
+    """A request's line: its record (as :class:`~crossbar.server.accesslog.AccessLog` logs
+    it) as named fields, its model as the access log shows it (``other`` when no host
+    lists it)."""
     first_byte = record.first_byte
     notes = record.notes()
+    level = event.get("log_level")
     return {
+        "time": _time(event.get("log_time")),
+        "level": getattr(level, "name", None),
         "event": "request",
         "route": record.route,
         "host": record.host,
-        "model": model,
+        "model": event.get("access_model"),
         "method": printable(record.method or b"-", 16),
         "path": printable(record.path, 200),
         "status": record.status,
@@ -111,8 +115,10 @@ def _request(record: RequestRecord, model: object) -> dict[str, object]:
 def _time(when: object) -> str | None:
     """``when`` as ``datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds")``
     writes it, with the text of its second made once per second (a third of a line's cost)."""
-    if not isinstance(when, int | float):
-        return None
+    if type(when) is not float:
+        if not isinstance(when, int):
+            return None
+        when = float(when)
     if when < 0:
         return _iso(when)
     second = int(when)
@@ -121,7 +127,8 @@ def _time(when: object) -> str | None:
         return _iso(when)
     if second != _SECOND[0]:
         _SECOND[:] = [second, _iso(second)[:19]]
-    return f"{_SECOND[1]}.{micro // 1000:03d}+00:00"
+    text: str = _SECOND[1]
+    return text + _MILLIS[micro // 1000]
 
 
 def _iso(when: float) -> str:
@@ -130,6 +137,7 @@ def _iso(when: float) -> str:
 
 _SECOND: list[Any] = [-1, ""]
 """The last second seen, and its text."""
+_MILLIS = [f".{ms:03d}+00:00" for ms in range(1000)]
 
 
 def as_json(observer: ILogObserver) -> ILogObserver:

@@ -86,6 +86,6 @@ def test_the_access_line_says_who_asked_and_what_the_answer_reported() -> None:
     assert access_line(some) == (
         "lab gpu-a POST /v1/chat/completions 200 500ms completion_tokens=7 (client left)"
     )
-    json_fields = _request(used, "m")
+    json_fields = _request(used, {"access_model": "m"})
     for field in ("prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tok_s"):
         assert f" {field}={json_fields[field]}" in access_line(used)
