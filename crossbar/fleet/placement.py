@@ -151,7 +151,9 @@ def cheapest(
     """The group's hosts that would load ``model`` most cheaply, in group order; ``None``
     when placement has nothing to say: no model, the model loaded on a host of the group,
     or no host of the group with a known room (the policy then picks as before)."""
-    if model is None or not group or any(model in s.loaded for s in group):
+    if model is None or not group or model in group[0].loaded:  # most requests: at once
+        return None
+    if any(model in s.loaded for s in group):
         return None
     if all(s.max_instances is None for s in group):
         return None
