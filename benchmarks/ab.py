@@ -4,6 +4,7 @@
                                       [--features] [--streams K] [--chunks 50] [--out FILE]
                                       [--python-before PY] [--python-after PY]
                                       [--route-before "KEY: VALUE"] [--route-after ...]
+                                      [--slots N]
 
 BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package (``git archive HEAD crossbar |
 tar -x -C /tmp/before``; ``cp -r crossbar /tmp/after``). Both crossbars run at once, each
@@ -13,7 +14,9 @@ pair, so that what the machine does meanwhile falls on both alike. A change of a
 cent shows here when a full ``run.py`` of each, minutes apart, would hide it.
 ``--python-before`` and ``--python-after`` run a side under another virtualenv's
 interpreter (its ``twistd``); ``--route-before`` and ``--route-after`` add keys to a side's
-route (``"queue: false"``), so that one tree can be measured with a feature and without.
+route (``"queue: false"``), so that one tree can be measured with a feature and without;
+``--slots N`` gives the host ``slots: N`` on both sides (the fair queue then counts slots
+on every request, as on a fleet whose hosts say theirs).
 
 Each run prints crossbar's CPU per request (``wrk``, 64 connections) or per chunk
 (``--streams K``: K concurrent streams of ``--chunks`` chunks: a stream's own request is
@@ -56,10 +59,15 @@ def start(
     workdir: Path,
     features: bool,
     route: list[str],
+    slots: int | None,
 ) -> tuple[Any, int]:
     port = free_port()
     config = workdir / f"{name}.yaml"
     crossbar_config(config, port, upstream, None, 1, features)
+    if slots is not None:
+        url = f"http://127.0.0.1:{upstream}"
+        text = config.read_text().replace(f": {url}\n", f": {{url: {url}, slots: {slots}}}\n")
+        config.write_text(text)
     with config.open("a") as f:  # the route is the config's last block
         f.writelines(f"    {line}\n" for line in route)
     twistd = crossbar_twistd(python)
@@ -103,6 +111,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=50, help="chunks a stream (50)")
     parser.add_argument("--route-before", action="append", default=[], help="a route key")
     parser.add_argument("--route-after", action="append", default=[], help="a route key")
+    parser.add_argument("--slots", type=int, default=None, help="the host's slots (both)")
     parser.add_argument("--python-before", type=Path, default=None, help="its interpreter")
     parser.add_argument("--python-after", type=Path, default=None, help="its interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
@@ -128,7 +137,7 @@ def main() -> None:
             )
             for name, src, python, route in sides:
                 procs[name], port = start(
-                    name, src, python, upstream_port, workdir, args.features, route
+                    name, src, python, upstream_port, workdir, args.features, route, args.slots
                 )
                 urls[name] = f"http://127.0.0.1:{port}/{ROUTE}/v1/chat/completions"
                 run_wrk(urls[name], 1, 64, 2, key)  # warm: imports, pools, caches
