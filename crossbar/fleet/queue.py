@@ -192,21 +192,22 @@ class FairQueue(Generic[T]):
         """A request of ``flow`` went to a host without waiting here."""
         state = self._state(flow, now)
         state.in_flight += 1
-        self._refresh(state)
+        if state.lanes:
+            self._refresh(state)
         self._settle(state, now)
 
     def finished(self, flow: Flow, seconds: float, now: float) -> None:
         """A request of ``flow`` ended after holding a slot ``seconds``: its service grows
         by them and it has one fewer in flight."""
-        self._renormalise(now)
-        state = self._state(flow, now)
+        state = self._state(flow, now)  # renormalised first
         state.in_flight = max(0, state.in_flight - 1)
         seconds = seconds if math.isfinite(seconds) and seconds > 0 else 0.0
         if seconds:
             t0 = self._t0 if self._t0 is not None else now
             state.v += seconds * math.exp2((now - t0) / self._half_life)
         self._used.add(flow.name, seconds, now)
-        self._refresh(state)
+        if state.lanes:
+            self._refresh(state)
         self._settle(state, now)
 
     def first(self, name: str, pools: Iterable[Hashable]) -> bool:
@@ -280,7 +281,7 @@ class FairQueue(Generic[T]):
         state = self._flows.get(flow.name)
         if state is None:
             state = self._flows[flow.name] = _FlowState(flow, now)
-        elif state.flow != flow:  # a reload changed its band or limits
+        elif state.flow is not flow and state.flow != flow:  # a reload changed its band or limits
             state.flow = flow
             self._refresh(state)
         state.active = now

@@ -111,11 +111,14 @@ class Waits:
         turn of ``conversation`` is to wait for its own host (:meth:`home`)."""
         if not route.queue:
             return False
-        if self.home(route, model, conversation) is not None:
-            return True
         states, full, skip = self.table.view, self.traffic.usage.full, frozenset(exclude)
         group = best_group(route.hosts, model, states, skip)
-        if not group or not all(full(s, model) for s in group):
+        busy = [s for s in group if full(s, model)]
+        if not busy and not skip:  # most requests: then no host, its home neither, is full
+            return False
+        if self.home(route, model, conversation) is not None:
+            return True
+        if not group or len(busy) < len(group):
             return False
         if route.spillover:
             hosts = [states[h] for h in route.hosts if h not in skip and h in states]
