@@ -215,6 +215,8 @@ def test_each_chunk_goes_to_the_tap_s_feed_of_the_moment(b: Body) -> None:
     seen: list[tuple[str, bytes]] = []
 
     class Reader:
+        due = float("inf")
+
         def __init__(self) -> None:
             self.feed = self.first
 
@@ -225,7 +227,31 @@ def test_each_chunk_goes_to_the_tap_s_feed_of_the_moment(b: Body) -> None:
         def later(self, data: bytes) -> None:
             seen.append(("later", data))
 
+        def trim(self, sent: int) -> None:
+            raise AssertionError("never due")
+
     b.body.tap = Reader()
     for data in (b"a", b"b", b"c"):
         b.body.dataReceived(data)
     assert seen == [("first", b"a"), ("later", b"b"), ("later", b"c")]
+
+
+def test_the_tap_is_trimmed_each_time_the_bytes_relayed_pass_its_due(b: Body) -> None:
+    """A reader keeps a stream's tail by a bare append; the relay, which counts the bytes
+    anyway, asks it to trim them every so often."""
+    trims: list[int] = []
+
+    class Reader:
+        due = 5.0
+
+        def feed(self, data: bytes) -> None:
+            pass
+
+        def trim(self, sent: int) -> None:
+            trims.append(sent)
+            self.due = sent + 5
+
+    b.body.tap = Reader()
+    for data in (b"abc", b"def", b"gh", b"ijklmn", b"o"):
+        b.body.dataReceived(data)
+    assert trims == [6, 14]

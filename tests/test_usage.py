@@ -438,3 +438,40 @@ def test_a_stream_with_no_content_is_whole_at_its_last_event() -> None:
 
 def test_an_answer_not_streamed_is_never_whole_by_its_events() -> None:
     assert not read("chat", False, [json.dumps(CHAT_BODY).encode()]).whole()
+
+
+def relay(reader: AnswerReader, pieces: list[bytes]) -> int:
+    """Feed ``pieces`` as the relay does (``StreamBody``): each to ``feed``, and ``trim``
+    once the bytes relayed pass ``due``; the most bytes the tail held meanwhile."""
+    sent = most = 0
+    for piece in pieces:
+        sent += len(piece)
+        reader.feed(piece)
+        if sent > reader.due:
+            reader.trim(sent)
+        most = max(most, sum(map(len, reader._tail)))
+    return most
+
+
+LONG = (  # 140 KB: trimmed some eighty times
+    delta({"role": "assistant"})
+    + b"".join(delta({"content": f"token {i} "}) for i in range(2_000))
+    + delta({}, "stop", usage={"prompt_tokens": 9, "completion_tokens": 2_000}, timings=TIMINGS)
+    + b"data: [DONE]\n\n"
+)
+
+
+@pytest.mark.parametrize(("api", "body"), [*STREAMS, ("chat", LONG)])
+@pytest.mark.parametrize("size", [7, 100, 4096, 70_000])
+def test_the_relay_trims_the_tail_and_reads_what_feeding_it_all_reads(
+    api: str, body: bytes, size: int
+) -> None:
+    """Kept by a bare append and trimmed by the relay every TAIL bytes, the tail holds at
+    most 2 * TAIL bytes and a chunk, and tells the same usage and end as the whole stream."""
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    whole = read(api, True, [body])
+    trimmed = AnswerReader(api, True, lambda: 5.0)
+    most = relay(trimmed, pieces)
+    assert most <= 2 * TAIL + size
+    assert trimmed.whole() == whole.whole()
+    assert trimmed.usage() == whole.usage()

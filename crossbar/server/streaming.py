@@ -3,6 +3,7 @@ with the client's socket pausing the upstream's (backpressure)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -18,15 +19,27 @@ from crossbar.upstream import stop_producing
 
 
 class Tap(Protocol):
-    """A reader of the chunks relayed (:class:`crossbar.server.usage.AnswerReader`)."""
+    """A reader of the chunks relayed (:class:`crossbar.server.usage.AnswerReader`): each
+    chunk to ``feed``, and ``trim(sent)`` once the bytes relayed pass ``due``."""
 
     @property
     def feed(self) -> Callable[[bytes], None]: ...
 
+    @property
+    def due(self) -> float: ...
+
+    def trim(self, sent: int) -> None: ...
+
 
 class _NoTap:
+    due = math.inf
+
     @staticmethod
     def feed(data: bytes) -> None:
+        pass
+
+    @staticmethod
+    def trim(sent: int) -> None:
         pass
 
 
@@ -71,8 +84,11 @@ class StreamBody(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._timer is not None:
             self._timer.reset(self._idle_timeout)
-        self.sent += len(data)
-        self.tap.feed(data)
+        self.sent = sent = self.sent + len(data)
+        tap = self.tap
+        tap.feed(data)
+        if sent > tap.due:
+            tap.trim(sent)
         self._request.write(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008

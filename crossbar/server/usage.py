@@ -26,6 +26,7 @@ large is ignored and counted in :attr:`Usage.bad`, as is what cannot be read. Pu
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -113,7 +114,10 @@ class AnswerReader:
     body is server-sent events. ``now`` gives the times of content events."""
 
     feed: Callable[[bytes], None]
-    """Every chunk of the (de-chunked) body, in order, as it is relayed."""
+    """Every chunk of the (de-chunked) body, in order, as it is relayed; after a stream's
+    first content, a bare ``list.append``."""
+    due: float = math.inf
+    """Once the bytes relayed in all pass this, the relay calls :meth:`trim`."""
 
     # What most answers never change is the class's: a reader is made per request.
     first_content: float | None = None
@@ -122,7 +126,7 @@ class AnswerReader:
     first_content_event: int | None = None  # which event (from 0, pings counted) it was
     _skipping = _too_long = _ended = False  # in an event past MAX_EVENT; past MAX_BODY; ended
     _cut = False  # the tail begins inside an event
-    _events = _kept = 0  # events read; bytes in the tail's chunks
+    _events = 0  # events read
     _body: bytearray | bytes = b""  # a body not streamed: its one chunk as it came, or more
     _done: Usage | None = None
     _streamed_end: frozenset[bytes] | None = None
@@ -158,7 +162,7 @@ class AnswerReader:
         """Whether the stream relayed so far ends with its API's last event (chat's and
         completions' ``[DONE]``, Anthropic's ``message_stop``, Responses' ``completed``,
         ``incomplete`` or ``failed``): a client that leaves then had its whole answer.
-        Read from the tail (a Responses stream's last event may outgrow it: see :meth:`_trim`)."""
+        Read from the tail (a Responses stream's last event may outgrow it: see :meth:`trim`)."""
         ends = self._streamed_end
         if ends is None or self._pending.strip(b"\r\n"):
             return False  # not streamed, or an event under way
@@ -198,9 +202,10 @@ class AnswerReader:
             self._pending.clear()
             at = after
             if self.first_content is not None:
-                self.feed = self._keep_tail
+                self.feed = self._tail.append  # in C: no frame a chunk
+                self.due = -1  # the relay trims at once, and counts from there
                 if at < len(data):
-                    self._keep_tail(data[at:])
+                    self._tail.append(data[at:])
                 return
 
     def _keep_partial(self, data: bytes, at: int) -> None:
@@ -247,24 +252,21 @@ class AnswerReader:
                 return True
         return False
 
-    # After the first content: an append a chunk (the chunk itself, not a copy).
+    # After the first content: each chunk appended (itself, not a copy), and trimmed by
+    # the relay every TAIL bytes, which counts them anyway.
 
-    def _keep_tail(self, data: bytes) -> None:
-        self._tail.append(data)
-        self._kept += len(data)
-        if self._kept > 2 * TAIL:  # once every TAIL bytes or more
-            self._trim()
-
-    def _trim(self) -> None:
-        """The tail's chunks made into its last TAIL bytes; a Responses stream's last
-        event's name is looked for first, as that event may outgrow the tail (the kept
-        bytes hold the end of the chunks before: a name cut in two is found too)."""
+    def trim(self, sent: int) -> None:
+        """The tail's chunks made into its last TAIL bytes (``sent``: the bytes relayed
+        so far); a Responses stream's last event's name is looked for first, as that event
+        may outgrow the tail (the kept bytes hold the end of the chunks before: a name cut
+        in two is found too). The tail holds at most 2 * TAIL bytes and a chunk."""
         joined = self._joined()
         if self._big_end and self._big_end in joined:
             self._ended = True
-        self._tail = [joined[-TAIL:]]
-        self._kept = TAIL
-        self._cut = True
+        if len(joined) > TAIL:
+            joined, self._cut = joined[-TAIL:], True
+        self._tail[:] = [joined]  # the same list: ``feed`` is its append
+        self.due = sent + TAIL
 
     def _joined(self) -> bytes:
         return b"".join(self._tail)
@@ -295,8 +297,9 @@ class AnswerReader:
             self._read_tail()
 
     def _read_tail(self) -> None:
-        cut = self._cut or self._kept > TAIL  # the tail begins inside an event
-        for start, event in events_with(self._joined()[-TAIL:].replace(b"\r", b""), _KEYS):
+        joined = self._joined()
+        cut = self._cut or len(joined) > TAIL  # the tail begins inside an event
+        for start, event in events_with(joined[-TAIL:].replace(b"\r", b""), _KEYS):
             if start or not cut:
                 self._read(fields(event)[1])
             else:
