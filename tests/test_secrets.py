@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crossbar.config import Secret, mask_url, matches
+from crossbar.config import Secret, mask_url, matching
 from crossbar.config.secrets import expand, shown_url
 
 
@@ -64,14 +64,14 @@ def test_keys_that_cannot_be_sent_are_refused_without_their_value(
             assert value not in str(info.value)
 
 
-def test_matches_finds_any_of_the_keys_and_nothing_else() -> None:
+def test_matching_finds_which_of_the_keys_and_nothing_else() -> None:
     keys = (Secret(b"alpha"), Secret(b"beta"))
-    assert matches(b"alpha", keys)
-    assert matches(b"beta", keys)
-    assert not matches(b"alph", keys)
-    assert not matches(b"alphaa", keys)
-    assert not matches(b"", keys)
-    assert not matches(b"alpha", ())
+    assert matching(b"alpha", keys) is keys[0]
+    assert matching(b"beta", keys) is keys[1]
+    assert matching(b"alph", keys) is None
+    assert matching(b"alphaa", keys) is None
+    assert matching(b"", keys) is None
+    assert matching(b"alpha", ()) is None
 
 
 def test_equal_keys_compare_equal_whatever_their_source() -> None:

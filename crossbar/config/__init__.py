@@ -15,7 +15,7 @@ from crossbar.config.model import (
     RouteConfig,
     WhenAllDown,
 )
-from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, mask_url, matches
+from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, mask_url, matching
 from crossbar.config.show import effective, to_yaml
 from crossbar.config.yamlfile import load_config
 
@@ -39,7 +39,7 @@ __all__ = [
     "effective",
     "load_config",
     "mask_url",
-    "matches",
+    "matching",
     "parse_config",
     "parse_duration",
     "parse_listen",

@@ -83,12 +83,13 @@ def expand(value: str, environ: Mapping[str, str] | None = None) -> Secret:
     return Secret(raw, source)
 
 
-def matches(offered: bytes, keys: Iterable[Secret]) -> bool:
-    """Whether ``offered`` is one of ``keys``, in time that does not depend on how
+def matching(offered: bytes, keys: Iterable[Secret]) -> Secret | None:
+    """The first of ``keys`` that ``offered`` is, in time that does not depend on how
     much of a key it got right (every key is compared, a match or not)."""
-    found = False
+    found = None
     for key in keys:
-        found |= hmac.compare_digest(offered, key.value)
+        if hmac.compare_digest(offered, key.value) and found is None:
+            found = key
     return found
 
 

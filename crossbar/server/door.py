@@ -16,6 +16,7 @@ from urllib.parse import unquote_to_bytes
 
 import attrs
 
+from crossbar.config import Secret
 from crossbar.server.errors import error_payload
 
 
@@ -34,9 +35,10 @@ class Refusal:
 RawHeaders = Sequence[tuple[bytes, Sequence[bytes]]]
 """A request's headers as twisted.web keeps them: each name with its values."""
 
-Guard = Callable[[bytes, RawHeaders], Refusal | None]
+Guard = Callable[[bytes, RawHeaders], Refusal | Secret | None]
 """A rule over a request's path (without query) and headers, applied when the head is
-complete: ``None`` lets it in."""
+complete: ``None`` lets it in, and so does a key (the one that let it in: the proxy knows
+who asked, for usage and fairness, without walking the head again)."""
 
 SHUTTING_DOWN = Refusal(503, "shutting down", ((b"Retry-After", b"1"),), close=True)
 """A request that arrives on an open connection while crossbar drains."""

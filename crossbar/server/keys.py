@@ -12,13 +12,12 @@ that is not there, and cannot learn their names by trying.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from hmac import compare_digest
 from typing import Literal
 from urllib.parse import unquote_to_bytes
 
 import attrs
 
-from crossbar.config import Config, Secret
+from crossbar.config import Config, Secret, matching
 from crossbar.server.door import RawHeaders, Refusal
 
 UNAUTHORIZED = Refusal(401, "unauthorized", headers=((b"WWW-Authenticate", b"Bearer"),), close=True)
@@ -64,10 +63,7 @@ def key_held(headers: RawHeaders, keys: Sequence[Secret]) -> Secret | None:
     """The first of ``keys`` the head's first good offer matches: each offer is compared
     with every key, in time that does not depend on how much of one it got right."""
     for value in offered(headers):
-        found = None
-        for key in keys:
-            if compare_digest(value, key.value) and found is None:
-                found = key
+        found = matching(value, keys)
         if found is not None:
             return found
     return None
@@ -108,13 +104,7 @@ class KeyGuard:
         pages_guarded = bool(self.status) and self.pages != "probes"
         return pages_guarded or (self.pages != "only" and bool(self.any_route))
 
-    def __call__(self, path: bytes, headers: RawHeaders) -> Refusal | None:
-        verdict = self.admit(path, headers)
-        return verdict if isinstance(verdict, Refusal) else None
-
-    def admit(self, path: bytes, headers: RawHeaders) -> Refusal | Secret | None:
-        """As a call, and for a request a key let in, that key: the proxy knows who
-        asked (for usage and fairness) without walking the head again."""
+    def __call__(self, path: bytes, headers: RawHeaders) -> Refusal | Secret | None:
         if isinstance(self.pages, Peers):
             return None if holds_key(headers, self.status) else UNAUTHORIZED
         if self.pages == "only":

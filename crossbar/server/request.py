@@ -15,7 +15,6 @@ from crossbar._twisted import client_gone, request_line, request_version
 from crossbar.config import Limits, Secret
 from crossbar.server import door
 from crossbar.server.door import Guard, Refusal
-from crossbar.server.keys import KeyGuard
 from crossbar.server.rewrite import json_body
 from crossbar.server.timers import http_date
 
@@ -53,7 +52,7 @@ class ProxyRequest(server.Request):
 
     rejected = False
     key: Secret | None = None
-    """The key the door let it in with (:meth:`crossbar.server.keys.KeyGuard.admit`)."""
+    """The key the door let it in with (its :data:`~crossbar.server.door.Guard`'s word)."""
     _chunked = False
     _received = 0
     _held = 0
@@ -107,10 +106,7 @@ class ProxyRequest(server.Request):
             refusal = door.unreadable_page(path, hosts)
         guard = site.guard
         if refusal is None and guard is not None:
-            headers = list(self.requestHeaders.getAllRawHeaders())
-            verdict = (
-                guard.admit(path, headers) if type(guard) is KeyGuard else guard(path, headers)
-            )
+            verdict = guard(path, list(self.requestHeaders.getAllRawHeaders()))
             if isinstance(verdict, Refusal):
                 refusal = verdict
             else:
