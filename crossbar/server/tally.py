@@ -21,26 +21,6 @@ _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 """A small object (usage, timings, a delta), each value left unread until asked for."""
 
 
-class Counts(msgspec.Struct, gc=False):
-    """A ``usage`` object's numbers, each as the JSON gave it (checked in :meth:`Tally.number`)."""
-
-    prompt_tokens: Any = None
-    completion_tokens: Any = None
-    input_tokens: Any = None
-    cache_read_input_tokens: Any = None
-    output_tokens: Any = None
-    prompt_tokens_details: Any = None
-    input_tokens_details: Any = None
-
-
-class Timings(msgspec.Struct, gc=False):
-    cache_n: Any = None
-    prompt_n: Any = None
-    predicted_n: Any = None
-    prompt_ms: Any = None
-    predicted_per_second: Any = None
-
-
 _Count = Annotated[int, msgspec.Meta(ge=0, le=MOST_TOKENS)]
 _Ms = Annotated[float, msgspec.Meta(ge=0, le=MOST_MS)]
 
@@ -52,7 +32,7 @@ class _Cached(msgspec.Struct, omit_defaults=True, gc=False):
 class GoodCounts(msgspec.Struct, omit_defaults=True, gc=False):
     """A ``usage`` object whose numbers msgspec checked as it read them, by the rules of
     :meth:`Tally.number` (most answers'): kept in one step. With one bad number the
-    object is read again as :class:`Counts`, number by number."""
+    object is read again with each number as the JSON gave it, and checked one by one."""
 
     prompt_tokens: _Count | None = None
     completion_tokens: _Count | None = None
@@ -73,8 +53,20 @@ class GoodTimings(msgspec.Struct, omit_defaults=True, gc=False):
     predicted_per_second: _Ms | None = None
 
 
-_COUNTS_DECODER = msgspec.json.Decoder(Counts)
-_TIMINGS_DECODER = msgspec.json.Decoder(Timings)
+_DETAILS = ("prompt_tokens_details", "input_tokens_details")
+_TIMES = ("prompt_ms", "predicted_per_second")
+"""Timings that are times (or speeds), not counts."""
+
+
+def _as_given(checked: type[msgspec.Struct]) -> msgspec.json.Decoder[Any]:
+    """A decoder for ``checked``'s fields, each as the JSON gave it: the names are
+    ``checked``'s, the checks are :meth:`Tally.number`'s."""
+    fields = [(name, Any, None) for name in checked.__struct_fields__]
+    return msgspec.json.Decoder(msgspec.defstruct(f"Given{checked.__name__}", fields, gc=False))
+
+
+_COUNTS_DECODER = _as_given(GoodCounts)
+_TIMINGS_DECODER = _as_given(GoodTimings)
 
 
 class Tally:
@@ -102,7 +94,7 @@ class Tally:
         ``output_tokens`` is a 0 standing for "not yet"."""
         if isinstance(raw, GoodCounts):
             got = msgspec.to_builtins(raw)  # the numbers it has: the others are left out
-            for details in ("prompt_tokens_details", "input_tokens_details"):
+            for details in _DETAILS:
                 got.update(got.pop(details, {}))
             if not outputs:
                 got.pop("output_tokens", None)
@@ -111,20 +103,15 @@ class Tally:
         found = self._decoded(_COUNTS_DECODER, raw)
         if found is None:
             return
-        self._numbers(
-            ("prompt_tokens", found.prompt_tokens),
-            ("completion_tokens", found.completion_tokens),
-            ("input_tokens", found.input_tokens),
-            ("cache_read_input_tokens", found.cache_read_input_tokens),
-            ("output_tokens", found.output_tokens if outputs else None),
-        )
-        for details in (found.prompt_tokens_details, found.input_tokens_details):
-            if details is None:
-                continue
-            if isinstance(details, dict):
-                self.number("cached_tokens", details.get("cached_tokens"))
-            else:
-                self.bad += 1
+        for name in GoodCounts.__struct_fields__:
+            value = getattr(found, name)
+            if name in _DETAILS:
+                if isinstance(details := value, dict):
+                    self.number("cached_tokens", details.get("cached_tokens"))
+                elif details is not None:
+                    self.bad += 1
+            elif outputs or name != "output_tokens":
+                self.number(name, value)
 
     def timings(self, raw: Raw | GoodTimings | None) -> None:
         if isinstance(raw, GoodTimings):
@@ -133,19 +120,8 @@ class Tally:
         found = self._decoded(_TIMINGS_DECODER, raw)
         if found is None:
             return
-        self._numbers(
-            ("cache_n", found.cache_n),
-            ("prompt_n", found.prompt_n),
-            ("predicted_n", found.predicted_n),
-        )
-        self.number("prompt_ms", found.prompt_ms, float)
-        self.number("predicted_per_second", found.predicted_per_second, float)
-
-    def _numbers(self, *named: tuple[str, Any]) -> None:
-        """Counts (whole numbers), as :meth:`number` takes each; most are absent."""
-        for name, value in named:
-            if value is not None:
-                self.number(name, value)
+        for name in GoodTimings.__struct_fields__:
+            self.number(name, getattr(found, name), float if name in _TIMES else int)
 
     def _decoded(self, decoder: msgspec.json.Decoder[_T], raw: Raw | None) -> _T | None:
         """``raw`` decoded; ``None`` when absent, or unreadable (counted bad)."""
