@@ -105,26 +105,38 @@ def balancer(tmp: Path, extra_hosts: str = "", extra_routes: str = "") -> Iterat
     )
     ports = {name: free_port() for name in REPLICAS}
     lb = Balancer(tmp, yaml, free_port(), free_port(), ports, [sim])
-    env = dict(
-        os.environ,
-        CROSSBAR_FRONT=f"127.0.0.1:{lb.port}",
-        CROSSBAR_REPLICA_1=f"127.0.0.1:{ports['replica1']}",
-        CROSSBAR_REPLICA_2=f"127.0.0.1:{ports['replica2']}",
-        CROSSBAR_LB_STATS=f"127.0.0.1:{lb.stats_port}",
-        CROSSBAR_LB_LOG="stdout",
-        CROSSBAR_LB_UNPRIVILEGED="1",
-    )
     try:
         for name in REPLICAS:
             lb.start_replica(name)
-        args = [binary, "-db", "-f", str(CONFIG)]
-        proxy = Daemon.start(args, lb.port, tmp / "haproxy.log", cwd=tmp, env=env)
-        lb.daemons.append(proxy)
-        assert proxy.wait(lambda: accepts(lb.port) and accepts(lb.stats_port), 10), proxy.log()
+        _start_haproxy(lb, binary)
         yield lb
     finally:
         for daemon in lb.daemons:
             daemon.stop()
+
+
+def _start_haproxy(lb: Balancer, binary: str) -> None:
+    """HAProxy in front of the replicas. A port found free may be taken by another process
+    before HAProxy binds it: then it starts again on fresh ports (at most three times)."""
+    args = [binary, "-db", "-f", str(CONFIG)]
+    for attempt in range(3):
+        env = dict(
+            os.environ,
+            CROSSBAR_FRONT=f"127.0.0.1:{lb.port}",
+            CROSSBAR_REPLICA_1=f"127.0.0.1:{lb.replica_ports['replica1']}",
+            CROSSBAR_REPLICA_2=f"127.0.0.1:{lb.replica_ports['replica2']}",
+            CROSSBAR_LB_STATS=f"127.0.0.1:{lb.stats_port}",
+            CROSSBAR_LB_LOG="stdout",
+            CROSSBAR_LB_UNPRIVILEGED="1",
+        )
+        proxy = Daemon.start(args, lb.port, lb.tmp / "haproxy.log", cwd=lb.tmp, env=env)
+        lb.daemons.append(proxy)
+        if proxy.wait(lambda: accepts(lb.port) and accepts(lb.stats_port), 10):
+            return
+        taken = "Address already in use" in proxy.output()
+        assert taken and attempt < 2, proxy.log()
+        proxy.stop()
+        lb.port, lb.stats_port = free_port(), free_port()
 
 
 # -- clients ------------------------------------------------------------------------------------
