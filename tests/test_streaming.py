@@ -106,6 +106,20 @@ def test_each_chunk_pushes_the_timer_back(b: Body) -> None:
     assert b.idle == 1
 
 
+def test_a_timer_that_finds_a_chunk_since_waits_only_for_the_rest(b: Body) -> None:
+    """The timer is not moved by each chunk: when it fires after one, it waits for what is
+    left of ``idle_timeout`` after that chunk, with one timer at a time."""
+    b.body.arm()
+    b.clock.advance(IDLE / 2)
+    b.body.dataReceived(b"x")
+    b.clock.advance(IDLE / 2)  # the first firing: a chunk came half a timeout ago
+    assert (b.idle, b.timers) == (0, 1)
+    b.clock.advance(IDLE / 2 - 0.001)
+    assert b.idle == 0
+    b.clock.advance(0.001)
+    assert (b.idle, b.timers) == (1, 0)
+
+
 def test_a_paused_body_is_never_idle(b: Body) -> None:
     """A client that reads slowly pauses the upstream: the host is not idle then."""
     b.body.arm()
