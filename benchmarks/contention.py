@@ -1,10 +1,12 @@
 """A busy fleet shared by one heavy client and three light ones, with and without the queue:
 
-    .venv/bin/python benchmarks/contention.py [--seconds 40] [--real] [--out FILE]
+    .venv/bin/python benchmarks/contention.py [--seconds 40] [--real [--pin]] [--out FILE]
 
 Three hosts of 2 slots each (the simulator started with ``--slots 2``, every answer
 ``--tokens`` tokens ``--chunk-interval`` apart: 40 tokens, about 2 s; or, with ``--real``,
-three real ``llama-server -np 2`` hosts with a tiny model) behind one crossbar route,
+three real ``llama-server -np 2`` hosts with a tiny model; ``--pin``: all three on the
+last CPU, crossbar and the clients on the others, as hosts with cores of their own would
+leave them) behind one crossbar route,
 ``least_busy``, ``slots: 2`` on every host, ``log_format: json``. Each flow is one named
 key of the route (``api_keys`` mappings, priority ``normal``): ``heavy`` keeps 16 requests
 going, ``light-1`` to ``light-3`` send one at a time, each the moment the last one ended.
@@ -296,8 +298,8 @@ def targets(runs: Sequence[dict[str, Any]], slots: int) -> list[tuple[str, bool]
     found = [
         (f"light flows' p95 first token at most a third of queue: false's ({light:.0f} vs "
          f"{light_off:.0f} ms: {light / light_off:.2f}x)", light <= light_off / 3),
-        (f"fleet throughput within 5% of queue: false's ({tps} vs {tps_off} tokens/s: "
-         f"{change:+.1%})", abs(change) <= 0.05),
+        (f"fleet throughput not more than 5% below queue: false's ({tps} vs {tps_off} "
+         f"tokens/s: {change:+.1%})", change >= -0.05),
     ]  # fmt: skip
     if idle:
         # One of ``slots`` slots busy with answers of ``answer`` seconds, each at a uniform
@@ -314,6 +316,21 @@ def targets(runs: Sequence[dict[str, Any]], slots: int) -> list[tuple[str, bool]
 
 
 # ---------------------------------------------------------------------------- main
+
+
+def pinned(binary: Path, workdir: Path) -> Path:
+    """``--pin``: the hosts share the last CPU (``taskset``), this process, its clients and
+    crossbar the others. On a small machine the hosts otherwise take the CPU that
+    crossbar's dispatch and the clients need, and every wait stretches with their load:
+    this stands for hosts with cores of their own (GPUs)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("contention.py: --pin needs two CPUs at least")
+    os.sched_setaffinity(0, cpus[:-1])
+    wrapper = workdir / "llama-server-pinned"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {cpus[-1]} {shlex.quote(str(binary))} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 def main() -> None:
@@ -333,6 +350,7 @@ def main() -> None:
     add("--ctx", type=int, default=4096, help="--real: context of each host (4096)")
     add("--threads", type=int, default=1, help="--real: CPU threads per host (1)")
     add("--llama-server", help="--real: the binary (default: $CROSSBAR_LLAMA_SERVER or script's)")
+    add("--pin", action="store_true", help="--real: hosts on the last CPU, crossbar on the rest")
     add("--out", type=Path, help="write everything as JSON here")
     args = parser.parse_args()
 
@@ -344,6 +362,8 @@ def main() -> None:
         binary = llama_server_binary(args.llama_server)
         script = str(REPO / "scripts" / "tiny_models.py")
         subprocess.run([sys.executable, script, workdir.name, MODEL], check=True, stdout=sys.stderr)
+        if args.pin:
+            binary = pinned(binary, Path(workdir.name))
         real, llama = (binary, Path(workdir.name) / f"{MODEL}.gguf"), version(binary)
 
     runs, raw = [], {}
