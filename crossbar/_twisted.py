@@ -14,7 +14,6 @@ each use below against the new release's source.
   deadline starts only between requests);
 - ``HTTPChannel._respondToBadRequestAndDisconnect``: where twisted.web's parser refuses a
   head or a chunk (:class:`ParserRefusals` answers those in crossbar's words);
-- ``Request._disconnected``: the client has gone (writes would be dropped);
 - ``HTTPConnectionPool._factory`` and ``twisted.web.client._HTTP11ClientFactory``: a
   pool that does not log two lines for every connection the poller opens;
 - ``twisted.scripts._twistd_unix.UnixAppLogger._getLogObserver``: the log observer twistd
@@ -131,11 +130,6 @@ class ParserRefusals(http.HTTPChannel):
 
     def bad_request(self, too_large: bool = False) -> None:
         super()._respondToBadRequestAndDisconnect()  # type: ignore[misc]
-
-
-def client_gone(request: http.Request) -> bool:
-    """Whether the request's connection has been lost."""
-    return bool(request._disconnected)
 
 
 # -- the poller's Agent ---------------------------------------------------------------------

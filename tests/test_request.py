@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web import http
@@ -42,6 +43,21 @@ def test_any_other_path_goes_straight_to_the_proxy(d: Door, path: bytes) -> None
     # answer says what it is.
     assert headers.getRawHeaders(b"date") == [http_date()]
     assert not headers.hasHeader(b"server")
+
+
+def test_a_streamed_chunk_goes_out_framed_and_none_once_the_client_has_gone(d: Door) -> None:
+    conn = d.connect()
+    conn.send(post(doors.CHAT))
+    [request] = d.proxy.rendered
+    request.write(b"data: 1\n\n")  # the head, then the first chunk
+    conn.transport.clear()
+    request.write(b"data: 2\n\n")
+    assert conn.transport.value() == b"9\r\ndata: 2\n\n\r\n"
+    conn.channel.connectionLost(Failure(ConnectionDone()))
+    conn.transport.clear()
+    request.write(b"data: 3\n\n")  # dropped, not counted
+    assert conn.transport.value() == b""
+    assert request.sentLength == 18
 
 
 @pytest.mark.parametrize("path", [b"/_crossbar", b"/_crossbar/", b"/_crossbar/status"])

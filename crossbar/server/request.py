@@ -11,7 +11,7 @@ from twisted.web import server
 from twisted.web.http_headers import Headers
 from twisted.web.resource import IResource
 
-from crossbar._twisted import client_gone, request_line, request_version
+from crossbar._twisted import request_line, request_version
 from crossbar.config import Limits, Secret
 from crossbar.server import door
 from crossbar.server.door import Guard, Refusal
@@ -85,9 +85,10 @@ class ProxyRequest(server.Request):
         """Frame a chunk of a streamed answer in one piece; the first write (headers,
         and the choice of framing) and every unusual case stay twisted.web's."""
         if self.chunked and self.startedWriting and not self.finished and data:
-            if not client_gone(self):
+            channel = self.channel  # None once the client has gone: the chunk is dropped
+            if channel is not None:
                 self.sentLength += len(data)
-                self.channel.write(b"%x\r\n%s\r\n" % (len(data), data))  # type: ignore[union-attr]
+                channel.write(b"%x\r\n%s\r\n" % (len(data), data))
             return
         super().write(data)
 

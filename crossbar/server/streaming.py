@@ -71,7 +71,7 @@ class StreamBody(protocol.Protocol):
     ) -> None:
         self.sent = 0
         """Bytes of body relayed to the client."""
-        self._request = request
+        self._write = request.write
         self._clock = clock
         self._now = clock.seconds
         self._last = 0.0
@@ -94,7 +94,7 @@ class StreamBody(protocol.Protocol):
         tap.feed(data)
         if sent > tap.due:
             tap.trim(sent)
-        self._request.write(data)
+        self._write(data)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
         self._disarm()
