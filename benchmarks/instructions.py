@@ -25,7 +25,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 KEY = "sk-bench-key-0123456789"
@@ -54,6 +53,7 @@ def _framed(event: bytes) -> bytes:
 def measure(requests: int, plain: bool, chunks: int | None) -> None:
     """The loop callgrind counts (run inside ``functools.reduce``, its toggle)."""
     from twisted.internet.address import IPv4Address
+    from twisted.internet.selectreactor import SelectReactor
     from twisted.internet.testing import MemoryReactorClock, StringTransport
     from twisted.logger import globalLogBeginner
 
@@ -78,9 +78,13 @@ def measure(requests: int, plain: bool, chunks: int | None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="crossbar-instructions-"))
     config = parse_config(data, str(folder / "crossbar.yaml"), folder)
     reactor = MemoryReactorClock()
-    # Read as a real reactor reads it (``time.time``, a C call), not as a Python method:
-    # else every reading of the clock weighs several times what it does in crossbar.
-    reactor.seconds = time.time  # type: ignore[method-assign]
+    # Timers and the clock as a real reactor keeps them (a heap; ``time.time``, a C call),
+    # not as ``Clock`` does (a list sorted by a Python key at each call, a Python method):
+    # a never-run reactor's, its due calls run once a request as its loop would.
+    timers = SelectReactor()
+    reactor.callLater = timers.callLater  # type: ignore[method-assign]
+    reactor.seconds = timers.seconds  # type: ignore[method-assign]
+    reactor.getDelayedCalls = timers.getDelayedCalls  # type: ignore[method-assign]
     service = Crossbar(config, reactor)
     service.table.record_ok("upstream", ("bench-model",), ("bench-model",))
     client = IPv4Address("TCP", "127.0.0.1", 40000)
@@ -114,6 +118,7 @@ def measure(requests: int, plain: bool, chunks: int | None) -> None:
         channel.dataReceived(ask)
         for piece in answer:
             host.dataReceived(piece)
+        timers.runUntilCurrent()
 
     for piece in answer:
         host.dataReceived(piece)

@@ -76,6 +76,7 @@ def test_a_site_without_a_proxy_dispatches_as_twisted_web_does() -> None:
     channel.makeConnection(StringTransport())
     channel.dataReceived(get(b"/_crossbar/metrics"))
     assert len(pages.rendered) == 1
+    channel.connectionLost(Failure(ConnectionDone()))  # its head deadline's timer with it
 
 
 def test_the_date_is_http_s_format_and_made_once_a_second() -> None:

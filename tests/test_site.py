@@ -282,9 +282,12 @@ def test_a_body_complete_in_time_is_not_timed_out_later() -> None:
     ids=["bodyless", "length", "chunked"],
 )
 def test_a_body_that_comes_with_its_head_gets_no_timer(d: Door, whole: bytes) -> None:
-    d.connect().send(whole)
+    conn = d.connect()
+    conn.send(whole)
     assert len(d.proxy.rendered) == 1
-    assert d.clock.scheduled == 1  # the header deadline, set when the bytes came, alone
+    assert d.clock.scheduled == 1  # the connection's deadline (first byte, then head), alone
+    d.clock.advance(3600)  # it lapses: the head has come, and no body is due
+    assert conn.answer == b"" and not conn.closed
     assert d.clock.getDelayedCalls() == []
 
 

@@ -34,7 +34,7 @@ from crossbar.server.connections import Connections
 from crossbar.server.door import FOLD_STARTS, TE_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.request import ProxyRequest
-from crossbar.server.timers import stop
+from crossbar.server.timers import Deadline, stop
 
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""
@@ -51,10 +51,17 @@ class Channel(ParserRefusals):
     headers (slowloris) or its body could otherwise hold a connection open forever; a
     new connection's first byte is due within ``head_timeout`` too, so that one that
     says nothing is not kept for the idle timeout.
+
+    Both the head's deadline and the idle timeout (twisted.web's ``TimeoutMixin``, off
+    while a request is answered, on again after it) are :class:`Deadline` s: set again
+    for every request without making and cancelling a timer each time.
     """
 
     site: Site
-    _deadline: IDelayedCall | None = None
+    _head: Deadline
+    """The first byte's deadline, then each head's."""
+    _idle: Deadline
+    """The idle timeout between requests (``timeOut``)."""
     _body_timer: IDelayedCall | None = None
     _linger: IDelayedCall | None = None
     _in_body = False
@@ -71,10 +78,13 @@ class Channel(ParserRefusals):
     connection at the cap."""
 
     def connectionMade(self) -> None:
+        clock = self.site.reactor
+        self._head = Deadline(clock, self._too_slow)
+        self._idle = Deadline(clock, self.timeoutConnection)
         super().connectionMade()
         self._direct = direct(self.transport)
-        # The first byte's deadline; that byte moves it to the head's (one timer).
-        self._deadline = self.callLater(self.site.limits.head_timeout, self._too_slow)
+        # The first byte's deadline; that byte moves it to the head's.
+        self._head.set(self.site.limits.head_timeout)
         if not bytes_waiting(self._direct):  # else its request is under way, unread
             self.site.connections.rest(self)
 
@@ -115,10 +125,10 @@ class Channel(ParserRefusals):
             self.site.connections.busy(self)
         if self._silent:
             self._silent = False
-            if self._deadline is not None:
-                self._deadline.reset(self.site.limits.head_timeout)
-        elif self._deadline is None and not self._in_body and not handling_request(self):
-            self._deadline = self.callLater(self.site.limits.head_timeout, self._too_slow)
+            if self._head.due is not None:
+                self._head.set(self.site.limits.head_timeout)
+        elif self._head.due is None and not self._in_body and not handling_request(self):
+            self._head.set(self.site.limits.head_timeout)
         _data_received(self, data)
         # A body that came whole with its head needs no timer; one still due gets one.
         if self._in_body and self._body_timer is None and not self._refused:
@@ -137,7 +147,7 @@ class Channel(ParserRefusals):
         if (
             self.persistent
             and not self.requests
-            and self._deadline is None
+            and self._head.due is None
             and not self._in_body
             and not self._refused
         ):
@@ -152,7 +162,7 @@ class Channel(ParserRefusals):
         _line_received(self, line)
 
     def allHeadersReceived(self) -> None:
-        self._stop_deadline()
+        self._head.clear()
         self._in_body = True
         self.heads += 1
         super().allHeadersReceived()
@@ -184,7 +194,7 @@ class Channel(ParserRefusals):
         if self.idle:
             self.site.connections.busy(self)
         self._in_body = False
-        self._stop_deadline()
+        self._head.stop()
         stop(self._body_timer)
         self._body_timer = None
         if self.requests:
@@ -211,24 +221,37 @@ class Channel(ParserRefusals):
         """Close this idle connection for a new one (the site has forgotten it): its
         client, if it comes back, reconnects. What it has still to read of its last
         answer is sent first, for up to twisted.web's ``abortTimeout``."""
-        self._stop_deadline()
+        self._head.stop()
         transport: Any = self.transport
         transport.loseConnection()
         self._linger = self.callLater(self.abortTimeout or LINGER, transport.abortConnection)
 
+    def setTimeout(self, period: float | None) -> float | None:
+        """``TimeoutMixin.setTimeout``: the idle timeout, ``None`` for none; returns the
+        one before."""
+        before = self.timeOut
+        self.timeOut = period  # type: ignore[assignment]  # typed int there; seconds are floats
+        if period is None:
+            self._idle.clear()
+        else:
+            self._idle.set(period)
+        return before
+
+    def resetTimeout(self) -> None:
+        """``TimeoutMixin.resetTimeout``: a byte came, the idle timeout starts again
+        (if it is on)."""
+        if self._idle.due is not None and self.timeOut is not None:
+            self._idle.set(self.timeOut)
+
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self._stop_deadline()
+        self._head.stop()
+        self._idle.stop()
         stop(self._body_timer)
         stop(self._linger)
         self.site.connections.forget(self)
         super().connectionLost(reason)
 
-    def _stop_deadline(self) -> None:
-        stop(self._deadline)
-        self._deadline = None
-
     def _too_slow(self) -> None:
-        self._deadline = None
         self.refuse(door.NO_REQUEST if self._silent else door.HEAD_TOO_SLOW)
 
     def _body_too_slow(self) -> None:
