@@ -18,14 +18,19 @@ class Due:
     def on_due(self) -> None:
         self.passed += 1
 
+    def passes_in(self, seconds: float) -> None:
+        """Not passed a millisecond before ``seconds`` from now, passed at them."""
+        self.clock.advance(seconds - 0.001)
+        assert self.passed == 0
+        self.clock.advance(0.001)
+        assert self.passed == 1
+
 
 def test_a_deadline_passes_once_its_time_has_come() -> None:
     d = Due()
     d.deadline.set(10)
-    d.clock.advance(9.999)
-    assert d.passed == 0
-    d.clock.advance(0.001)
-    assert (d.passed, d.deadline.due) == (1, None)
+    d.passes_in(10)
+    assert d.deadline.due is None
     d.clock.advance(100)
     assert d.passed == 1 and d.clock.getDelayedCalls() == []
 
@@ -37,18 +42,14 @@ def test_set_again_later_it_passes_at_the_new_time_on_one_timer() -> None:
         d.clock.advance(4)
         d.deadline.set(10)  # a store: the timer is not moved
         assert len(d.clock.getDelayedCalls()) == 1
-    d.clock.advance(9.999)  # the timer fired on the way, and waits for the rest
-    assert d.passed == 0 and len(d.clock.getDelayedCalls()) == 1
-    d.clock.advance(0.001)
-    assert d.passed == 1
+    d.passes_in(10)  # the timer fired on the way, and waited for the rest
 
 
 def test_set_sooner_than_its_timer_it_still_passes_on_time() -> None:
     d = Due()
     d.deadline.set(75)
     d.deadline.set(0.3)
-    d.clock.advance(0.3)
-    assert d.passed == 1
+    d.passes_in(0.3)
     d.clock.advance(100)
     assert d.passed == 1 and d.clock.getDelayedCalls() == []
 
@@ -60,8 +61,7 @@ def test_cleared_it_never_passes_and_its_timer_lapses() -> None:
     d.clock.advance(10)
     assert d.passed == 0 and d.clock.getDelayedCalls() == []
     d.deadline.set(10)  # set again after it lapsed: a timer again
-    d.clock.advance(10)
-    assert d.passed == 1
+    d.passes_in(10)
 
 
 def test_cleared_then_set_while_its_timer_waits_counts_from_the_new_time() -> None:
@@ -71,10 +71,7 @@ def test_cleared_then_set_while_its_timer_waits_counts_from_the_new_time() -> No
     d.deadline.clear()
     d.clock.advance(2)
     d.deadline.set(10)  # due at 18; the timer set for 10 fires first and waits again
-    d.clock.advance(9.999)
-    assert d.passed == 0
-    d.clock.advance(0.001)
-    assert d.passed == 1
+    d.passes_in(10)
 
 
 def test_stopped_it_holds_no_timer() -> None:
