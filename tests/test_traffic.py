@@ -134,12 +134,15 @@ def test_a_reload_gives_the_hosts_slots_to_the_conversations() -> None:
     assert policy.conversations.has_room("gpu-a", 0.0)
 
 
-def test_the_last_use_of_a_model_on_a_host_is_when_a_request_started_or_ended() -> None:
+def test_the_last_use_of_a_model_on_a_host_is_when_a_request_last_left_it() -> None:
     traffic = Traffic(["gpu-a", "gpu-b"], [])
     traffic.move(None, "gpu-a", "qwen", 10.0)
+    assert traffic.last_used == {}  # in flight: busy, whatever its last use
+    assert traffic.usage.idle("gpu-a", "qwen", 11.0) == 0.0
     traffic.move("gpu-a", "gpu-b", "qwen", 12.0)  # a failover
     traffic.move("gpu-b", None, "qwen", 20.0)
     assert traffic.last_used == {("gpu-a", "qwen"): 12.0, ("gpu-b", "qwen"): 20.0}
+    assert traffic.usage.idle("gpu-b", "qwen", 25.0) == 5.0
     traffic.move(None, "gpu-a", "llama")  # no time given: nothing kept
     assert ("gpu-a", "llama") not in traffic.last_used
 
@@ -148,7 +151,9 @@ def test_made_up_model_names_cannot_grow_the_last_uses() -> None:
     from crossbar.fleet.traffic import MAX_LAST_USED
 
     traffic = Traffic(["gpu-a"], [])
-    traffic.move(None, "gpu-a", "kept", 0.0)  # in flight throughout: never dropped
+    traffic.move(None, "gpu-a", "kept", 0.0)
+    traffic.move("gpu-a", None, "kept", 0.0)
+    traffic.move(None, "gpu-a", "kept", 0.0)  # in flight again, throughout: never dropped
     for n in range(MAX_LAST_USED + 10):
         traffic.move(None, "gpu-a", f"m{n}", float(n))
         traffic.move("gpu-a", None, f"m{n}", float(n))

@@ -44,7 +44,8 @@ class Usage:
     busy: Mapping[Key, int] = attrs.field(factory=dict)
     """Requests in flight."""
     last_used: Mapping[Key, float] = attrs.field(factory=dict)
-    """When a request last started or ended; absent: not used since crossbar started."""
+    """When a request last left the host (ended, or failed over); absent: none has since
+    crossbar started. Read only while none is in flight there (see :meth:`idle`)."""
     slots: Mapping[str, int] = attrs.field(factory=dict)
     """Each host's ``slots:`` from the config (else what it said of each model counts)."""
 

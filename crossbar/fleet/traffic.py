@@ -78,10 +78,11 @@ class Traffic:
         self, old: str | None, new: str | None, model: str | None = None, now: float | None = None
     ) -> None:
         """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any),
-        at ``now`` (when given: the hosts' last use of the model)."""
+        at ``now`` (when given: ``old``'s last use of the model; while one is in flight,
+        the model is busy there, and its last use is not read)."""
         busy = self.busy
-        if now is not None:
-            self._used(old, new, model, now)
+        if old is not None and now is not None:
+            self._used(old, model, now)
         if old is not None:
             self.in_flight[old] -= 1
             left = busy[old, model] - 1
@@ -98,12 +99,10 @@ class Traffic:
         if old is not None and self.freed is not None:
             self.freed(old, model)
 
-    def _used(self, old: str | None, new: str | None, model: str | None, now: float) -> None:
+    def _used(self, host: str, model: str | None, now: float) -> None:
         last = self.last_used
-        for host in (old, new):
-            if host is not None:
-                last.pop((host, model), None)  # re-inserted last: the dict stays oldest first
-                last[host, model] = now
+        last.pop((host, model), None)  # re-inserted last: the dict stays oldest first
+        last[host, model] = now
         if len(last) > MAX_LAST_USED:  # clients' made-up model names: the oldest idle go
             idle = [k for k in last if k not in self.busy][: len(last) - MAX_LAST_USED // 2]
             for key in idle:
