@@ -24,6 +24,7 @@ from crossbar.config.secrets import expand
 from crossbar.pages.peers import WorkerInfo
 from crossbar.server.door import RawHeaders, Refusal
 from crossbar.server.keys import UNAUTHORIZED, KeyGuard, offered
+from crossbar.server.listening import CannotListen
 from crossbar.service import Crossbar
 from crossbar.testing import FAST, Rig, SimulatedHost, all_polled, rigs
 from tests.support import free_port, guard, header, turns
@@ -424,21 +425,31 @@ async def test_workers_gather_each_other_s_metrics_with_the_status_key(
     loopback port wants the run's secret, and the gatherer shows it."""
     sim = SimulatedHost({"tiny-a": "loaded"})
     await sim.listen(0, "127.0.0.1")
-    port, status_port = free_port(), free_port()
-    config = Config(
-        listen=f"tcp:{port}:interface=127.0.0.1",
-        status_listen=f"tcp:{status_port}:interface=127.0.0.1",
-        hosts={"gpu-a": HostConfig("gpu-a", sim.url)},
-        routes={"lab": RouteConfig("lab", ("gpu-a",), None)},
-        defaults=FAST,
-        workers=2,
-        status_keys=(Secret(b"st-1"), Secret(b"st-2")),
-    )
-    workers = [Crossbar(config, reactor, WorkerInfo(i, 2, str(tmp_path))) for i in (0, 1)]
     client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+    workers: list[Crossbar] = []
     try:
-        for worker in workers:
-            worker.startService()
+        for attempt in range(3):  # a port found free may be taken before it is listened on
+            port, status_port = free_port(), free_port()
+            config = Config(
+                listen=f"tcp:{port}:interface=127.0.0.1",
+                status_listen=f"tcp:{status_port}:interface=127.0.0.1",
+                hosts={"gpu-a": HostConfig("gpu-a", sim.url)},
+                routes={"lab": RouteConfig("lab", ("gpu-a",), None)},
+                defaults=FAST,
+                workers=2,
+                status_keys=(Secret(b"st-1"), Secret(b"st-2")),
+            )
+            info = [WorkerInfo(i, 2, str(tmp_path)) for i in (0, 1)]
+            workers = [Crossbar(config, reactor, worker) for worker in info]
+            try:
+                for worker in workers:
+                    worker.startService()
+                break
+            except CannotListen:
+                for worker in workers:
+                    await worker.stopService()
+                if attempt == 2:
+                    raise
         await turns()
         key = {"Authorization": "Bearer st-2"}
         url = f"http://127.0.0.1:{status_port}/_crossbar/metrics"
