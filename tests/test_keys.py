@@ -417,6 +417,43 @@ async def test_status_listen_serves_the_pages_on_their_own_port() -> None:
         assert len(rig.logs.matching("crossbar starting on")) == 1
 
 
+async def _two_workers(
+    tmp_path: Path,
+    reactor: Any,
+    url: str,
+    made: Callable[[], object] = lambda: None,
+    status_keys: tuple[Secret, ...] = (),
+) -> tuple[list[Crossbar], int]:
+    """Two workers of one config on loopback ports, started, and the pages' port; ``made``
+    is called once they are made, before any port opens. On fresh ports again if a port
+    found free was taken before they listened on it (a race seen in CI)."""
+    for attempt in range(3):
+        status_port = free_port()
+        config = Config(
+            listen=f"tcp:{free_port()}:interface=127.0.0.1",
+            status_listen=f"tcp:{status_port}:interface=127.0.0.1",
+            hosts={"gpu-a": HostConfig("gpu-a", url)},
+            routes={"lab": RouteConfig("lab", ("gpu-a",), None)},
+            defaults=FAST,
+            workers=2,
+            status_keys=status_keys,
+        )
+        workers = [Crossbar(config, reactor, WorkerInfo(i, 2, str(tmp_path))) for i in (0, 1)]
+        made()
+        for worker in workers:
+            worker.load = lambda config=config: config
+        try:
+            for worker in workers:
+                worker.startService()
+            return workers, status_port
+        except CannotListen:
+            for worker in workers:
+                await worker.stopService()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest_twisted.ensureDeferred
 async def test_workers_gather_each_other_s_metrics_with_the_status_key(
     tmp_path: Path, reactor: Any
@@ -428,28 +465,9 @@ async def test_workers_gather_each_other_s_metrics_with_the_status_key(
     client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
     workers: list[Crossbar] = []
     try:
-        for attempt in range(3):  # a port found free may be taken before it is listened on
-            port, status_port = free_port(), free_port()
-            config = Config(
-                listen=f"tcp:{port}:interface=127.0.0.1",
-                status_listen=f"tcp:{status_port}:interface=127.0.0.1",
-                hosts={"gpu-a": HostConfig("gpu-a", sim.url)},
-                routes={"lab": RouteConfig("lab", ("gpu-a",), None)},
-                defaults=FAST,
-                workers=2,
-                status_keys=(Secret(b"st-1"), Secret(b"st-2")),
-            )
-            info = [WorkerInfo(i, 2, str(tmp_path)) for i in (0, 1)]
-            workers = [Crossbar(config, reactor, worker) for worker in info]
-            try:
-                for worker in workers:
-                    worker.startService()
-                break
-            except CannotListen:
-                for worker in workers:
-                    await worker.stopService()
-                if attempt == 2:
-                    raise
+        workers, status_port = await _two_workers(
+            tmp_path, reactor, sim.url, status_keys=(Secret(b"st-1"), Secret(b"st-2"))
+        )
         await turns()
         key = {"Authorization": "Bearer st-2"}
         url = f"http://127.0.0.1:{status_port}/_crossbar/metrics"
@@ -477,20 +495,8 @@ async def test_a_private_port_wants_the_run_s_secret_even_with_open_pages(
     the secret that worker 0 wrote (mode 0600) before any port opened."""
     sim = SimulatedHost({"tiny-a": "loaded"})
     await sim.listen(0, "127.0.0.1")
-    status_port = free_port()
-    config = Config(
-        listen=f"tcp:{free_port()}:interface=127.0.0.1",
-        status_listen=f"tcp:{status_port}:interface=127.0.0.1",
-        hosts={"gpu-a": HostConfig("gpu-a", sim.url)},
-        routes={"lab": RouteConfig("lab", ("gpu-a",), None)},
-        defaults=FAST,
-        workers=2,
-    )
-    workers = [Crossbar(config, reactor, WorkerInfo(i, 2, str(tmp_path))) for i in (0, 1)]
     secret_file = tmp_path / "peers.secret"
-    made_before_any_port = secret_file.exists()
-    for worker in workers:
-        worker.load = lambda: config
+    made_before_any_port: list[bool] = []
     client = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
 
     async def ask(method: str, port: int, path: str, key: str | None = None) -> tuple[int, Any]:
@@ -500,16 +506,21 @@ async def test_a_private_port_wants_the_run_s_secret_even_with_open_pages(
         body = await guard(treq.content(response), 10)
         return response.code, json.loads(body) if path != "metrics" else body.decode()
 
+    workers: list[Crossbar] = []
     try:
-        for worker in workers:
-            worker.startService()
+        workers, status_port = await _two_workers(
+            tmp_path,
+            reactor,
+            sim.url,
+            made=lambda: made_before_any_port.append(secret_file.exists()),
+        )
         await turns()
         for index in (0, 1):
             private = int((tmp_path / f"worker-{index}.port").read_text())
             for method, path in [("GET", "status"), ("POST", "reload"), ("GET", "livez")]:
                 assert await ask(method, private, path) == (401, {"error": "unauthorized"})
                 assert (await ask(method, private, path, "a-guess"))[0] == 401
-            assert made_before_any_port
+            assert made_before_any_port[-1]
             assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
             assert (await ask("GET", private, "status", secret_file.read_text()))[0] == 200
         code, merged = await ask("GET", status_port, "metrics")  # open pages: no key
