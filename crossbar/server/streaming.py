@@ -14,7 +14,7 @@ from twisted.web import server
 from twisted.web.client import ResponseDone
 from zope.interface import implementer
 
-from crossbar.server.timers import stop
+from crossbar.server.timers import Deadline, stop
 from crossbar.upstream import stop_producing
 
 
@@ -52,10 +52,10 @@ class StreamBody(protocol.Protocol):
 
     It is given to ``Response.deliverBody`` and registered as the request's producer,
     so a slow client pauses the upstream socket; a pause does not count as the host
-    being idle. ``idle_timeout`` without a chunk calls ``on_idle``: a chunk notes the
-    clock's time (one C call on a real reactor) and the timer, when it fires, looks
-    whether one came since and waits again for the rest, rather than being moved on
-    every chunk (a Python call that cost a chunk some 2,000 instructions). The body's end,
+    being idle. ``idle_timeout`` without a chunk calls ``on_idle``: a :class:`Deadline`
+    whose time each chunk moves by a store (the clock read in one C call on a real
+    reactor), not a timer moved on every chunk (a Python call that cost a chunk some
+    2,000 instructions). The body's end,
     clean or not, goes to ``on_end``. A pause as long as ``idle_timeout`` (a client that
     reads nothing, holding a host's connection and maybe its GPU) calls ``on_stall``.
     """
@@ -74,13 +74,11 @@ class StreamBody(protocol.Protocol):
         self._write = request.write
         self._clock = clock
         self._now = clock.seconds
-        self._last = 0.0
-        """The clock's time at the last chunk (or when the timer was armed)."""
         self._idle_timeout = idle_timeout
-        self._on_idle = on_idle
+        self._idle = Deadline(clock, on_idle)
+        """Due ``idle_timeout`` after the last chunk, once armed and while not paused."""
         self._on_end = on_end
         self._on_stall = on_stall
-        self._timer: IDelayedCall | None = None
         self._stall: IDelayedCall | None = None
 
     tap: Tap = _NO_TAP
@@ -88,7 +86,7 @@ class StreamBody(protocol.Protocol):
     is looked up for each chunk, since a reader changes it as the stream goes on."""
 
     def dataReceived(self, data: bytes) -> None:
-        self._last = self._now()
+        self._idle.due = self._now() + self._idle_timeout  # its timer is not moved
         self.sent = sent = self.sent + len(data)
         tap = self.tap
         tap.feed(data)
@@ -101,8 +99,7 @@ class StreamBody(protocol.Protocol):
         self._on_end(reason)
 
     def pauseProducing(self) -> None:
-        stop(self._timer)
-        self._timer = None
+        self._idle.stop()
         if self._stall is None:
             self._stall = self._clock.callLater(self._idle_timeout, self._stalled)
         IPushProducer(self.transport).pauseProducing()
@@ -119,23 +116,10 @@ class StreamBody(protocol.Protocol):
 
     def arm(self) -> None:
         """Start the idle timer (for a body still coming in)."""
-        if self._timer is None:
-            self._last = self._now()
-            self._timer = self._clock.callLater(self._idle_timeout, self._quiet)
-
-    def _quiet(self) -> None:
-        """The idle timer fired: idle if no chunk came in ``idle_timeout``, else wait
-        for what is left of it after the last one."""
-        left = self._last + self._idle_timeout - self._now()
-        if left > 0:
-            self._timer = self._clock.callLater(left, self._quiet)
-            return
-        self._timer = None
-        self._on_idle()
+        self._idle.set(self._idle_timeout)
 
     def _disarm(self) -> None:
-        stop(self._timer)
-        self._timer = None
+        self._idle.stop()
         stop(self._stall)
         self._stall = None
 
