@@ -406,17 +406,3 @@ def test_the_record_has_the_answer_s_tokens_and_its_first_token_not_its_head(
         # no keys on the route: its usage goes to the route
         labels = f'host="gpu-a",key="lab",kind="{kind}",model="m",route="lab"'
         assert f"crossbar_tokens_total{{{labels}}} {count}.0" in text
-
-
-def test_crossbar_s_own_errors_on_the_messages_api_are_in_anthropic_s_shape(
-    proxy: MemoryProxy,
-) -> None:
-    client = ask(proxy, path=b"/lab/v1/messages")
-    proxy.refuse()
-    proxy.refuse()
-    status, error = json_answer(client)
-    assert status == 502
-    assert error == {
-        "type": "error",
-        "error": {"type": "api_error", "message": "upstream failed (host gpu-b)"},
-    }
