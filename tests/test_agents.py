@@ -107,7 +107,8 @@ def test_codex_answers_through_crossbar(codex_bin: Path, demo: Daemon, tmp_path:
 
 class _Host(BaseHTTPRequestHandler):
     """A host that is healthy to polls and answers requests wrong: ``hang`` never answers
-    (crossbar: 504), ``bad`` answers what is not HTTP (crossbar: 502)."""
+    (crossbar: 504), ``bad`` answers what is not HTTP (crossbar: 502). In the config they
+    are ``gpu-b`` and ``gpu-a``, the names docs/clients.md shows in the errors."""
 
     server: _HostServer
 
@@ -155,9 +156,9 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
     plain = start_daemon(
         tmp_path_factory.mktemp("crossbar"),
         f"poll_interval: 250ms\nhosts:\n  down: {down}\n"
-        f"  hang: {{url: {hang.url}, header_timeout: 1s, max_fails: 1000}}\n"
-        f"  bad: {{url: {bad.url}, max_fails: 1000}}\n"
-        "routes:\n  lab: {hosts: [down]}\n  slow: {hosts: [hang]}\n  broken: {hosts: [bad]}\n",
+        f"  gpu-a: {{url: {bad.url}, max_fails: 1000}}\n"
+        f"  gpu-b: {{url: {hang.url}, header_timeout: 1s, max_fails: 1000}}\n"
+        "routes:\n  lab: {hosts: [down]}\n  broken: {hosts: [gpu-a]}\n  slow: {hosts: [gpu-b]}\n",
     )
     keyed = start_daemon(
         tmp_path_factory.mktemp("crossbar"),
@@ -187,11 +188,33 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
             server.server_close()
 
 
-STATUSES = ["401", "404", "413", "502", "503", "504"]
+PRINTED = {
+    "claude": {
+        "401": "Failed to authenticate. API Error: 401 unauthorized",
+        "404": "There's an issue with the selected model (qwen3-coder-30b). It may not exist",
+        "413": "Request too large (max 32MB).",
+        "502": "API Error: 502 upstream failed (host gpu-a).",
+        "503": "API Error: 503 no healthy host.",
+        "504": "API Error: 504 upstream timeout (host gpu-b).",
+    },
+    "codex": {
+        "401": 'ERROR: unexpected status 401 Unauthorized: {"error":"unauthorized"}',
+        "404": 'ERROR: unexpected status 404 Not Found: {"error":"unknown route"}',
+        "413": 'ERROR: unexpected status 413 Payload Too Large: {"error":"body too large"}',
+        "502": 'ERROR: unexpected status 502 Bad Gateway: {"error":"upstream failed",'
+        '"host":"gpu-a"}',
+        "503": 'ERROR: unexpected status 503 Service Unavailable: {"error":"no healthy host"}',
+        "504": 'ERROR: unexpected status 504 Gateway Timeout: {"error":"upstream timeout",'
+        '"host":"gpu-b"}',
+    },
+}
+"""What each agent prints on each of crossbar's errors, as docs/clients.md lists it: crossbar's
+words (Claude Code's ``API Error: <status> <message>`` of Anthropic's shape, Codex's body as
+it came), but for Claude Code's own words on a 404 and a 413."""
 
 
-@pytest.mark.parametrize("status", STATUSES)
-@pytest.mark.parametrize("agent", ["claude", "codex"])
+@pytest.mark.parametrize("status", list(PRINTED["claude"]))
+@pytest.mark.parametrize("agent", list(PRINTED))
 def test_crossbars_errors_reach_the_person(
     agent: str,
     status: str,
@@ -199,10 +222,8 @@ def test_crossbars_errors_reach_the_person(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    """Each agent, its retries off, exits 1 on crossbar's own error and says something; what
-    it prints is in the test's output (``pytest -rP``), for whoever words crossbar's errors.
-    Not all of it names the status: Claude Code words a 404 as a model that "may not exist"
-    and a 413 as "Request too large (max 32MB)"."""
+    """Each agent, its retries off, exits 1 on crossbar's own error and prints what
+    :data:`PRINTED` says (also in the test's output, ``pytest -rP``)."""
     base, key = refusing[status].split()
     if agent == "claude":
         run = claude(request.getfixturevalue("claude_bin"), tmp_path, base, key, retries=0)
@@ -212,8 +233,9 @@ def test_crossbars_errors_reach_the_person(
     said = [line for line in lines if status in line] or run.out.strip().splitlines()[-3:]
     print(f"{agent} on crossbar's {status}: exit {run.code}")
     print("\n".join(dict.fromkeys(said)))
-    assert run.code not in (0, None), run.report()
-    assert said, f"{agent} printed nothing on crossbar's {status}\n{run.report()}"
+    assert run.code == 1, run.report()
+    expected = PRINTED[agent][status]
+    assert any(expected in line for line in lines), f"expected {expected!r}\n{run.report()}"
 
 
 # -- the documentation --------------------------------------------------------------------------
@@ -239,3 +261,12 @@ def test_docs_give_what_the_tests_run() -> None:
     assert {k: documented.get(k) for k in expected} == expected
     assert set(documented) - set(expected) <= {"PATH", "PWD", "SHLVL", "_", "OLDPWD"}
     assert _doc_block("codex") + "\n" == codex_config(f"{PLACEHOLDER}/opencode/v1")
+
+
+def test_docs_list_what_each_agent_prints_on_crossbar_s_errors() -> None:
+    """docs/clients.md's table of crossbar's errors has each agent's words, as run above."""
+    text = DOC.read_text()
+    section = text.split("\n## When crossbar refuses a request\n", 1)[1].split("\n## ", 1)[0]
+    for agent, printed in PRINTED.items():
+        for status, words in printed.items():
+            assert words in section, f"docs/clients.md lacks {agent}'s {status}: {words}"
