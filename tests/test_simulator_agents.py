@@ -239,6 +239,14 @@ async def test_responses_forced_function_answers_a_function_call(choice: object)
 # -- counting, errors ---------------------------------------------------------------------------
 
 
+async def count(sim: SimulatedHost, path: str, body: dict[str, Any]) -> int:
+    """The ``input_tokens`` a count answers (200, a positive whole number)."""
+    code, answer = await post(sim, path, body)
+    tokens = json.loads(answer)["input_tokens"]
+    assert code == 200 and isinstance(tokens, int) and tokens > 0, answer
+    return tokens
+
+
 @pytest_twisted.ensureDeferred
 async def test_token_counts_answer_without_generating() -> None:
     sim = SimulatedHost(TWO_MODELS)
@@ -246,13 +254,28 @@ async def test_token_counts_answer_without_generating() -> None:
     counted = json.loads(body)
     assert code == 200 and list(counted) == ["input_tokens"] and counted["input_tokens"] > 10
     code, body = await post(sim, "/v1/responses/input_tokens", responses())
-    assert json.loads(body) == {
-        "input_tokens": json.loads(body)["input_tokens"],
-        "object": "response.input_tokens",
-    }
+    assert code == 200 and json.loads(body)["object"] == "response.input_tokens"
     chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
     code, body = await post(sim, "/v1/chat/completions/input_tokens", chat)
     assert code == 200 and json.loads(body)["object"] == "response.input_tokens"
+    assert sim.prefills == [] and sim.chunks_sent == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_responses_count_is_the_prompt_s_tokens_as_the_chat_path_counts_them() -> None:
+    """Codex's ``input_tokens``: the same for the same input, more for a longer one, and what
+    the chat completions' count says of the same instructions and message."""
+    sim = SimulatedHost(TWO_MODELS)
+    path = "/v1/responses/input_tokens"
+    tokens = await count(sim, path, responses())
+    assert await count(sim, path, responses()) == tokens
+    more = {"type": "input_text", "text": "and then list the files of this project, one a line"}
+    longer = responses()
+    longer["input"][0]["content"].append(more)
+    assert await count(sim, path, longer) > tokens
+    system = {"role": "system", "content": "You are a coding agent."}
+    chat = {"model": "tiny-a", "messages": [system, {"role": "user", "content": "hi"}]}
+    assert await count(sim, "/v1/chat/completions/input_tokens", chat) == tokens
     assert sim.prefills == [] and sim.chunks_sent == 0
 
 
