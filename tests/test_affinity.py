@@ -35,6 +35,7 @@ from crossbar.fleet.lastturns import LiveCounts as _LiveCounts
 from crossbar.fleet.rendezvous import ranked_hosts, rendezvous
 from crossbar.server.shapes import read_conversation
 from crossbar.testing import Reader, RigMaker, SimulatedHost, rigs, wait_state
+from tests.codex_requests import codex_turn_body
 from tests.support import Daemon, free_port, start_daemon, start_simulator
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
@@ -438,6 +439,24 @@ async def test_turns_stay_on_one_host_and_conversations_spread(make: RigMaker) -
 
 
 @pytest_twisted.ensureDeferred
+async def test_codex_sessions_begun_in_one_directory_spread_and_keep_their_hosts(
+    make: RigMaker,
+) -> None:
+    """Codex sends the same context (AGENTS.md, working directory) before the prompt of
+    every session begun in one directory: each session is still a conversation of its own."""
+    rig = await make(hosts(slots=8), routes=affinity_route())
+    seen: dict[str, set[str]] = defaultdict(set)
+    for turn in (1, 2, 3):
+        for n in range(8):
+            path, data = codex_turn(f"agent {n}", turn)
+            response, _ = await rig.post(path, data)
+            assert response.code == 200
+            seen[f"agent {n}"].add(host_header(response))
+    assert all(len(where) == 1 for where in seen.values()), seen
+    assert {host for where in seen.values() for host in where} == {"gpu-a", "gpu-b"}, seen
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_request_without_a_conversation_still_works(make: RigMaker) -> None:
     """No messages, no prompt, no JSON: the least busy host answers (its own error for a
     body it cannot read), and nothing is counted as a conversation."""
@@ -630,15 +649,10 @@ def claude_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
 
 
 def codex_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
-    """Turn ``turn`` of a Codex session: each answer a function call and its output."""
-    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": first}]
-    for n in range(1, turn):
-        items.append(
-            {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": f"c{n}"}
-        )
-        items.append({"type": "function_call_output", "call_id": f"c{n}", "output": "ok"})
-    data = {"model": "tiny-a", "instructions": "You are Codex.", "input": items}
-    return "/lab/v1/responses", data
+    """Turn ``turn`` of a Codex session, every one begun in the same directory: Codex's
+    context first, as it sends it, then the prompt ``first``; each answer a function call
+    and its output."""
+    return "/lab/v1/responses", codex_turn_body(first, turn, model="tiny-a")
 
 
 def alternate(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from crossbar.fleet import Conversation
 from crossbar.server.conversation import PROMPT_BYTES
 from crossbar.server.shapes import read_conversation
+from tests.codex_requests import opening
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"
@@ -320,10 +321,11 @@ def claude_body(turn: int, nonce: str | None = "a5145", first: str = "fix the pa
 
 
 def codex_body(turn: int, first: str = "fix the parser") -> bytes:
-    """Turn ``turn`` of a Codex session: its instructions, a user message, then each
-    answer as reasoning and a function call, and the call's output."""
+    """Turn ``turn`` of a Codex session: what Codex sends before the prompt (developer
+    messages, its context as a user item), the prompt, then each answer as reasoning and a
+    function call, and the call's output."""
     user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": first}]}
-    items: list[dict[str, Any]] = [user]
+    items: list[dict[str, Any]] = [*opening(), user]
     for n in range(1, turn):
         items.append({"type": "reasoning", "summary": [], "encrypted_content": f"r{n}"})
         call = {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": f"c{n}"}

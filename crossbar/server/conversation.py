@@ -12,7 +12,10 @@ conversation shares, and other conversations do not, is its start:
   with a nonce per request in some versions) never counts: every turn of a session has
   one key, as llama-server's prompt cache has one prefix;
 - a Responses request (Codex): its ``instructions`` and its input items up to the first
-  user item;
+  user item that is the person's own. Codex sends its context first, as user items
+  (:data:`CONTEXT_MARKERS`: the directory's AGENTS.md, its ``<environment_context>``),
+  the same for every session started in one directory: the key reads on past them, else
+  all of a checkout's sessions would be one conversation on one host;
 - a completion: the first :data:`PROMPT_BYTES` bytes of the prompt;
 - plus the model: another model on the same host has a cache of its own.
 
@@ -58,7 +61,8 @@ MAX_OBJECTS = 200_000
 """At most this many ``{`` in a body's messages (every message is one; code in a content
 has some too): a 16 MiB list of ``{}`` would otherwise be built as millions of messages."""
 MAX_START = 64
-"""Messages up to and including the first user message."""
+"""Messages up to and including the first user message (in a Responses input: the first
+that is not only Codex's context)."""
 MAX_CONTENT = 256 * 1024
 """Bytes of one message's content (as JSON) up to the first user message."""
 MAX_PARTS = 256
@@ -87,6 +91,13 @@ _ITEMS = msgspec.json.Decoder(list[_Item])
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 _OUTPUT_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call", "local_shell_call"})
 """Input items that are the model's own output, sent back (besides assistant messages)."""
+CONTEXT_MARKERS = (b"<environment_context>", b"# AGENTS.md instructions", b"<user_instructions>")
+"""How the user items Codex writes itself begin: the AGENTS.md in force (in older versions
+inside ``<user_instructions>``), the working directory, shell and date. A user item each
+text of which begins so is context, not the person's prompt: it is hashed, and the key
+reads on to the next user item. Codex 0.169 sends both in one item, after its developer
+messages and before the prompt (tests/fixtures/codex-0.169-sessions.json). Without this,
+every session started in one directory would have one key: one host for a whole lab."""
 _BILLING = re.compile(r"x-anthropic-billing-header:(?:\s*[A-Za-z0-9_.-]+=[^;\n]*;)*\s*")
 """Claude Code's billing header, at the start of its system prompt: fields such as
 ``cc_version=2.1.101.e51; cc_entrypoint=cli; cch=a5145;``, the last a nonce."""
@@ -134,9 +145,9 @@ def responses_conversation(
     model: str | None, instructions: msgspec.Raw | None, given: msgspec.Raw
 ) -> Conversation | None:
     """A Responses API request's conversation: its ``instructions`` and its input items
-    up to the first user one (an input that is a string is that one). Its turn is the
-    model's answers since: each run of output items (a message, function calls,
-    reasoning) between two inputs."""
+    up to the first user one that is not only Codex's context (:data:`CONTEXT_MARKERS`;
+    an input that is a string is that one). Its turn is the model's answers since: each
+    run of output items (a message, function calls, reasoning) between two inputs."""
     try:
         digest = _digest(model, b"responses")
         _field(digest, b"" if instructions is None else _content(instructions))
@@ -147,7 +158,7 @@ def responses_conversation(
         listed = _listed(given, _ITEMS)
         if listed is None:
             return None
-        at = _start(digest, listed)
+        at = _start(digest, listed, CONTEXT_MARKERS)
     except (*ERRORS, _OverBudget):
         return None
     if at is None:
@@ -169,15 +180,32 @@ def _listed(raw: msgspec.Raw, decoder: msgspec.json.Decoder[Any]) -> Any:
     return decoder.decode(raw)
 
 
-def _start(digest: Any, listed: Any) -> int | None:
-    """Hashes the messages (or items) up to the first user one; its index, if any."""
+def _start(digest: Any, listed: Any, context: tuple[bytes, ...] = ()) -> int | None:
+    """Hashes the messages (or items) up to the first user one whose texts do not all
+    begin with one of ``context``'s markers; its index, if any."""
     for at, message in enumerate(listed[:MAX_START]):
         _field(digest, message.role.encode())
         content = message.content
-        _field(digest, b"" if content is msgspec.UNSET else _content(content))
-        if message.role == "user":
+        data = b"" if content is msgspec.UNSET else _content(content)
+        _field(digest, data)
+        if message.role == "user" and not (context and _marked(content, data, context)):
             return at  # type: ignore[no-any-return]
     return None
+
+
+def _marked(content: Any, data: bytes, markers: tuple[bytes, ...]) -> bool:
+    """Whether every text of a content (as :func:`_content` gave it: ``data``) begins
+    with one of ``markers``, and it has no other part."""
+    if content is msgspec.UNSET or not data:
+        return False
+    if bytes(memoryview(content)[:1]) != b"[":
+        return data.startswith(markers)
+    at = 0
+    while at < len(data):  # the parts as _parts() wrote them: length, "t", text
+        if data[at + 8 : at + 9] != b"t" or not data.startswith(markers, at + 9):
+            return False
+        at += 8 + int.from_bytes(data[at : at + 8], "big")
+    return True
 
 
 def _system(raw: msgspec.Raw) -> bytes:
