@@ -72,44 +72,74 @@ _JSON = json.JSONEncoder(separators=(",", ":"))
 _FAST = msgspec.json.Encoder()
 
 
-def _encode(fields: dict[str, Any]) -> str:
+def _encode(fields: dict[str, Any] | _RequestLine) -> str:
     """``fields`` as compact JSON in ASCII, the very text of the ``json`` module. msgspec
     writes it in a seventh of the time and the same text for printable ASCII; a line with
     anything else in it (a model's name, a message: other characters, or DEL, which
     msgspec leaves as it is) is written again by ``json``, which escapes them."""
     line = _FAST.encode(fields).decode()
-    return line if line.isascii() and "\x7f" not in line else _JSON.encode(fields)
+    if line.isascii() and "\x7f" not in line:
+        return line
+    return _JSON.encode(fields if isinstance(fields, dict) else msgspec.structs.asdict(fields))
 
 
-def _request(record: RequestRecord, event: LogEvent) -> dict[str, object]:
+class _RequestLine(msgspec.Struct):
+    """A request's line, its fields in the order they are written. A struct, not a dict:
+    made and written in a third of a dict's instructions, on every request's path."""
+
+    time: str | None
+    level: str | None
+    event: str
+    route: str
+    host: str | None
+    model: str | None
+    method: str
+    path: str
+    status: int
+    ms: int
+    ttfb_ms: int | None
+    bytes: int
+    wait_ms: int | None
+    key: str | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: int | None
+    tok_s: float | None
+    note: str | None
+
+
+def _request(record: RequestRecord, event: LogEvent) -> _RequestLine:
     """A request's line: its record (as :class:`~crossbar.server.accesslog.AccessLog` logs
     it) as named fields, its model as the access log shows it (``other`` when no host
     lists it)."""
-    first_byte = record.first_byte
-    notes = record.notes()
-    level = event.get("log_level")
-    return {
-        "time": _time(event.get("log_time")),
-        "level": getattr(level, "name", None),
-        "event": "request",
-        "route": record.route,
-        "host": record.host,
-        "model": event.get("access_model"),
-        "method": printable(record.method or b"-", 16),
-        "path": printable(record.path, 200),
-        "status": record.status,
-        "ms": round(record.seconds * 1000),
-        "ttfb_ms": None if first_byte is None else round(first_byte * 1000),
-        "bytes": record.sent,
-        "wait_ms": None if record.waited is None else round(record.waited * 1000),
-        "key": record.key,
-        "prompt_tokens": record.prompt_tokens,
-        "cached_tokens": record.cached_tokens,
-        "completion_tokens": record.generated_tokens,
-        "ttft_ms": None if record.first_token is None else round(record.first_token * 1000),
-        "tok_s": None if record.tokens_per_second is None else round(record.tokens_per_second, 1),
-        "note": "; ".join(notes) if notes else None,
-    }
+    first_byte, waited, first_token = record.first_byte, record.waited, record.first_token
+    speed = record.tokens_per_second
+    # Most requests went as asked: their notes (a list, made) are looked for only if not.
+    unusual = record.cut_off or record.client_left or len(record.tried) > 1
+    unusual = unusual or record.moved_from is not None or waited is not None
+    return _RequestLine(
+        _time(event.get("log_time")),
+        getattr(event.get("log_level"), "name", None),
+        "request",
+        record.route,
+        record.host,
+        event.get("access_model"),
+        printable(record.method or b"-", 16),
+        printable(record.path, 200),
+        record.status,
+        round(record.seconds * 1000),
+        None if first_byte is None else round(first_byte * 1000),
+        record.sent,
+        None if waited is None else round(waited * 1000),
+        record.key,
+        record.prompt_tokens,
+        record.cached_tokens,
+        record.generated_tokens,
+        None if first_token is None else round(first_token * 1000),
+        None if speed is None else round(speed, 1),
+        "; ".join(record.notes()) if unusual else None,
+    )
 
 
 def _time(when: object) -> str | None:

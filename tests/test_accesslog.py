@@ -88,4 +88,4 @@ def test_the_access_line_says_who_asked_and_what_the_answer_reported() -> None:
     )
     json_fields = _request(used, {"access_model": "m"})
     for field in ("prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tok_s"):
-        assert f" {field}={json_fields[field]}" in access_line(used)
+        assert f" {field}={getattr(json_fields, field)}" in access_line(used)

@@ -239,9 +239,25 @@ def trusted_proxy(client: str, networks: tuple[Network, ...]) -> bool:
 
 def printable(raw: bytes, limit: int) -> str:
     """What a client sent, fit for one log line: bytes outside printable ASCII escaped
-    (``\\xNN``), at most ``limit`` characters, and ``...`` when cut."""
+    (``\\xNN``), at most ``limit`` characters, and ``...`` when cut.
+
+    Made once for what comes again and again (a handful of methods and paths, two of them
+    on every line): a text that was short enough never to be cut is remembered."""
+    text = _SHOWN.get(raw)
+    if text is not None and len(text) <= limit:
+        return text
     if _VISIBLE.fullmatch(raw):
         text = raw.decode("ascii")
     else:
         text = "".join(chr(b) if 0x21 <= b <= 0x7E else f"\\x{b:02x}" for b in raw[:limit])
+    if 4 * len(raw) <= limit:  # escaped or not, never cut: the same text for any limit
+        if len(_SHOWN) >= SHOWN_KEPT:
+            _SHOWN.clear()
+        _SHOWN[raw] = text
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+SHOWN_KEPT = 256
+"""At most this many texts are remembered: a client that sends ever new paths only makes
+the table start again."""
+_SHOWN: dict[bytes, str] = {}
