@@ -48,13 +48,31 @@ def claude(system: int, turns: int) -> dict[str, Any]:
 
 
 def codex(system: int, turns: int) -> dict[str, Any]:
-    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "fix it"}]
+    """As Codex 0.169 sends it (``tests/fixtures/codex-0.169-sessions.json``): its own
+    prompt as developer messages, its context (AGENTS.md, ``<environment_context>``) as a
+    user item, then the person's prompt, and the turns' tool calls after it."""
+
+    def message(role: str, *texts: str) -> dict[str, Any]:
+        content = [{"type": "input_text", "text": text} for text in texts]
+        return {"type": "message", "role": role, "content": content}
+
+    agents = (
+        "# AGENTS.md instructions for /work/lab\n\n<INSTRUCTIONS>\nRun the tests.\n</INSTRUCTIONS>"
+    )
+    where = "<environment_context>\n  <cwd>/work/lab</cwd>\n  <shell>bash</shell>\n"
+    where += "</environment_context>"
+    items = [
+        message("developer", "s" * system),
+        message("developer", "<permissions instructions>\n" + "p" * 2000),
+        message("user", agents, where),
+        message("user", "fix it"),
+    ]
     for n in range(turns):
         items += [
             {"type": "function_call", "name": "shell", "arguments": "{}" * 20, "call_id": f"c{n}"},
             {"type": "function_call_output", "call_id": f"c{n}", "output": "ok " * 80},
         ]
-    return {"model": "m", "instructions": "s" * system, "input": items, "stream": True}
+    return {"model": "m", "input": items, "stream": True}
 
 
 CASES = [
