@@ -14,7 +14,7 @@ from twisted.web import server
 from twisted.web.client import ResponseDone
 
 from crossbar.server.streaming import StreamBody
-from crossbar.server.timers import stop
+from crossbar.server.timers import Deadline, nothing, stop
 from tests.support import RecordingProducer
 
 IDLE = 30.0
@@ -269,3 +269,30 @@ def test_the_tap_is_trimmed_each_time_the_bytes_relayed_pass_its_due(b: Body) ->
     for data in (b"abc", b"def", b"gh", b"ijklmn", b"o"):
         b.body.dataReceived(data)
     assert trims == [6, 14]
+
+
+def test_a_lent_deadline_serves_the_body_then_is_left_to_its_lender() -> None:
+    """A connection's deadline, lent: pointed at the body's ``on_idle`` while it streams,
+    cleared (its timer kept for the lender) when the body ends, and moved by nothing that
+    comes after."""
+    clock = Clock()
+    lent = Deadline(clock, nothing)
+    lent.lender = object()
+    idle: list[int] = []
+    body = StreamBody(
+        cast(server.Request, FakeRequest()), clock, IDLE, lambda: idle.append(1),
+        lambda reason: None, lambda: None, lent,
+    )  # fmt: skip
+    body.makeConnection(cast(Any, RecordingProducer()))
+    body.arm()
+    clock.advance(IDLE)
+    assert idle == [1]
+    body.arm()
+    body.dataReceived(b"x")
+    body.connectionLost(Failure(ResponseDone()))
+    assert lent.due is None and len(clock.getDelayedCalls()) == 1  # the lender's timer
+    body.dataReceived(b"late")
+    body.resumeProducing()
+    assert lent.due is None
+    clock.advance(IDLE * 2)
+    assert idle == [1]

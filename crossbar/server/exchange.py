@@ -17,7 +17,6 @@ from typing import Any
 
 from twisted.internet import error
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -35,7 +34,7 @@ from crossbar.server.phases import ENDED, MOVES, Phase
 from crossbar.server.request import answer_json, release_body
 from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
-from crossbar.server.timers import stop
+from crossbar.server.timers import Deadline, borrow, give_back
 from crossbar.server.usage import APIS, AnswerReader
 from crossbar.server.waiting import Waiter, Waits, flow_of
 from crossbar.upstream import Discard, Response, describe, is_cancellation
@@ -60,15 +59,14 @@ class Exchange:
         self.model: str | None = None  # as in :class:`~crossbar.server.asking.Asked`
         self.asked: str | None = None
         self.conversation: Conversation | None = None
-        self.placement: Placement | None = None
-        """Where the policy placed the conversation, for the last host tried."""
+        self.placement: Placement | None = None  # where the policy placed it, at the last host
         self.first_byte: float | None = None
         self._asked = Asked()
         self._forward_body: bytes | None = None
         self._attempt_started = self._sent = 0.0
         self._counted: str | None = None
         self._pending: Deferred[Response] | None = None
-        self._deadline: IDelayedCall | None = None
+        self._deadline: Deadline | None = None  # the host's answer's: its head, each chunk
         self._body: StreamBody | None = None
         self._waiting: Waiting[Waiter] | None = None
         self.flow: Flow | None = None  # who it is, where slots are counted
@@ -161,8 +159,9 @@ class Exchange:
         headers = asked.headers + proxy.host_keys.get(host, asked.credentials)
         d = proxy.upstreams.request(host, method, asked.url_rest, headers, self._forward_body)
         self._pending = d
-        timeout = proxy.settings[host].header_timeout
-        self._deadline = proxy.clock.callLater(timeout, self._no_answer)
+        deadline = self._deadline or borrow(self.request.channel, proxy.clock, self)
+        self._deadline, deadline.on_due = deadline, self._no_answer
+        deadline.set(proxy.settings[host].header_timeout)
         d.addCallbacks(self._got_response, self._upstream_failed)
         d.addErrback(self._crashed)
 
@@ -234,6 +233,7 @@ class Exchange:
             self.upstream_idle,
             self.upstream_ended,
             self.client_stalled,
+            self._deadline,
         )
         self._body = body
         streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
@@ -242,20 +242,19 @@ class Exchange:
             self.reader = reader = AnswerReader(self._asked.api, streamed, proxy.clock.seconds)
             body.tap = reader
         response.deliverBody(body)
-        # deliverBody may have finished the whole exchange already (a body that was
-        # complete); registering a producer then would raise, and no idle timer is needed.
+        # deliverBody may have finished the exchange (a body that came whole): then no
+        # producer (registering it would raise) and no idle timer.
         if self.phase is Phase.STREAMING:
             body.arm()
             request.registerProducer(body, True)
 
     def _stop_deadline(self) -> None:
-        stop(self._deadline)
-        self._deadline = None
+        if self._deadline is not None and self._deadline.holder is self:
+            self._deadline.clear()
 
     def _no_answer(self) -> None:
-        """No status line within ``header_timeout``. The host may still be working on
-        it, so the request is never tried elsewhere."""
-        self._deadline = None
+        """No status line within ``header_timeout``: never tried elsewhere (the host
+        may still be working on it)."""
         host = self.host
         assert host is not None
         timeout = self.proxy.settings[host].header_timeout
@@ -378,6 +377,8 @@ class Exchange:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
+        give_back(self._deadline, self)  # unless the connection's next request has it
+        self._deadline = None
         if self.flow is not None and self.proxy.waits is not None:  # first: the slot frees next
             took = self.proxy.clock.seconds() - self._sent
             self.proxy.waits.finished(self.flow, took, self._counted)

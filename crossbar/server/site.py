@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.interfaces import IAddress, IDelayedCall, ITCPTransport
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, server
@@ -34,7 +34,7 @@ from crossbar.server.connections import Connections
 from crossbar.server.door import FOLD_STARTS, TE_STARTS, Guard, Refusal
 from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.request import ProxyRequest
-from crossbar.server.timers import Deadline, stop
+from crossbar.server.timers import Deadline, nothing, stop
 
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""
@@ -63,6 +63,7 @@ class Channel(ParserRefusals):
     _idle: Deadline
     """The idle timeout between requests (``timeOut``)."""
     _body_timer: IDelayedCall | None = None
+    _answer: Deadline | None = None
     _linger: IDelayedCall | None = None
     _in_body = False
     _refused = False
@@ -243,9 +244,23 @@ class Channel(ParserRefusals):
         if self._idle.due is not None and self.timeOut is not None:
             self._idle.set(self.timeOut)
 
+    def answer_deadline(self, clock: IReactorTime) -> Deadline:
+        """The deadline of the host's answer to the request under way, lent to its
+        exchange (:func:`~crossbar.server.timers.borrow`): one for the connection's
+        requests one after another, on ``clock`` (the proxy's)."""
+        deadline = self._answer
+        if deadline is None or deadline.clock is not clock:
+            if deadline is not None:
+                deadline.stop()
+            deadline = self._answer = Deadline(clock, nothing)
+            deadline.lender = self
+        return deadline
+
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self._head.stop()
         self._idle.stop()
+        if self._answer is not None:
+            self._answer.stop()
         stop(self._body_timer)
         stop(self._linger)
         self.site.connections.forget(self)

@@ -14,7 +14,7 @@ from twisted.web import server
 from twisted.web.client import ResponseDone
 from zope.interface import implementer
 
-from crossbar.server.timers import Deadline, stop
+from crossbar.server.timers import SPENT, Deadline, stop
 from crossbar.upstream import stop_producing
 
 
@@ -58,6 +58,8 @@ class StreamBody(protocol.Protocol):
     2,000 instructions). The body's end,
     clean or not, goes to ``on_end``. A pause as long as ``idle_timeout`` (a client that
     reads nothing, holding a host's connection and maybe its GPU) calls ``on_stall``.
+    ``deadline``: one lent for it (pointed at ``on_idle`` here, cleared, not stopped, at
+    the end: its timer goes on serving the lender); else one of its own.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class StreamBody(protocol.Protocol):
         on_idle: Callable[[], None],
         on_end: Callable[[Failure], None],
         on_stall: Callable[[], None],
+        deadline: Deadline | None = None,
     ) -> None:
         self.sent = 0
         """Bytes of body relayed to the client."""
@@ -75,8 +78,14 @@ class StreamBody(protocol.Protocol):
         self._clock = clock
         self._now = clock.seconds
         self._idle_timeout = idle_timeout
-        self._idle = Deadline(clock, on_idle)
-        """Due ``idle_timeout`` after the last chunk, once armed and while not paused."""
+        self._lent = deadline is not None
+        if deadline is None:
+            deadline = Deadline(clock, on_idle)
+        else:
+            deadline.on_due = on_idle
+        self._idle = deadline
+        """Due ``idle_timeout`` after the last chunk, once armed and while not paused;
+        :data:`SPENT` once the body is over."""
         self._on_end = on_end
         self._on_stall = on_stall
         self._stall: IDelayedCall | None = None
@@ -99,7 +108,7 @@ class StreamBody(protocol.Protocol):
         self._on_end(reason)
 
     def pauseProducing(self) -> None:
-        self._idle.stop()
+        self._quiet()
         if self._stall is None:
             self._stall = self._clock.callLater(self._idle_timeout, self._stalled)
         IPushProducer(self.transport).pauseProducing()
@@ -118,8 +127,16 @@ class StreamBody(protocol.Protocol):
         """Start the idle timer (for a body still coming in)."""
         self._idle.set(self._idle_timeout)
 
+    def _quiet(self) -> None:
+        """Nothing due (a lent deadline keeps its timer for its lender)."""
+        if self._lent:
+            self._idle.clear()
+        else:
+            self._idle.stop()
+
     def _disarm(self) -> None:
-        self._idle.stop()
+        self._quiet()
+        self._idle = SPENT
         stop(self._stall)
         self._stall = None
 

@@ -40,21 +40,33 @@ class Deadline:
     again for what is left, or lapses if nothing is due. ``on_due`` is called once the
     time set has passed with the deadline still set. :meth:`stop` cancels the timer too
     (a connection that closes is not kept for it).
+
+    ``on_due`` may be pointed elsewhere: a client's connection keeps one deadline for the
+    answers of its requests, one after another (:meth:`Channel.answer_deadline
+    <crossbar.server.site.Channel.answer_deadline>`), each request's exchange pointing it at
+    itself while it waits for the host (its head, then each chunk), and at
+    :func:`nothing` once it is over.
     """
 
-    __slots__ = ("_call", "_clock", "_fires", "_on_due", "due")
+    __slots__ = ("_call", "_fires", "clock", "due", "holder", "lender", "on_due")
 
     def __init__(self, clock: IReactorTime, on_due: Callable[[], object]) -> None:
-        self._clock = clock
-        self._on_due = on_due
+        self.clock = clock
+        self.on_due = on_due
         self.due: float | None = None
         """When it passes, on the clock's time; ``None``: nothing due."""
+        self.holder: object = None
+        """Who it is lent to now, if anyone: only they may point it elsewhere or clear it
+        (the next request of a connection may have taken it before the last one's end is
+        told: twisted.web starts a pipelined request first)."""
+        self.lender: object = None
+        """Who lends it (a connection), if anyone: else its holder's own."""
         self._call: IDelayedCall | None = None
         self._fires = math.inf
 
     def set(self, seconds: float) -> None:
         """Due ``seconds`` from now (in place of any time set before)."""
-        due = self._clock.seconds() + seconds
+        due = self.clock.seconds() + seconds
         self.due = due
         if self._call is None or self._fires > due:
             stop(self._call)
@@ -72,16 +84,59 @@ class Deadline:
 
     def _arm(self, due: float, seconds: float) -> None:
         self._fires = due
-        self._call = self._clock.callLater(seconds, self._fire)
+        self._call = self.clock.callLater(seconds, self._fire)
 
     def _fire(self) -> None:
         self._call = None
         due = self.due
         if due is None:
             return
-        left = due - self._clock.seconds()
+        left = due - self.clock.seconds()
         if left > 0:
             self._arm(due, left)
             return
         self.due = None
-        self._on_due()
+        self.on_due()
+
+
+def borrow(lender: object, clock: IReactorTime, holder: object) -> Deadline:
+    """``lender``'s deadline (:meth:`Channel.answer_deadline
+    <crossbar.server.site.Channel.answer_deadline>`: a connection's, on one timer for all
+    its requests' answers, never made or cancelled for one: some 18,000 instructions a
+    request), lent to ``holder``; where ``lender`` lends none, one of ``holder``'s own."""
+    lend = getattr(lender, "answer_deadline", None)
+    deadline: Deadline = Deadline(clock, nothing) if lend is None else lend(clock)
+    deadline.holder = holder
+    return deadline
+
+
+def give_back(deadline: Deadline | None, holder: object) -> None:
+    """``holder`` is done with ``deadline``: nothing is due, and it points at ``holder``
+    no more (unless someone else holds it already); its own is stopped with its timer."""
+    if deadline is not None and deadline.holder is holder:
+        deadline.holder, deadline.on_due = None, nothing
+        if deadline.lender is None:
+            deadline.stop()
+        else:
+            deadline.clear()
+
+
+def nothing() -> None:
+    """What a deadline nobody holds calls (none is set on it)."""
+
+
+class _Spent(Deadline):
+    """A deadline that never passes and has no timer."""
+
+    __slots__ = ()
+
+    def set(self, seconds: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.due = None
+
+
+SPENT: Deadline = _Spent(None, nothing)  # type: ignore[arg-type]  # no timer: no clock
+"""What a holder whose time is over writes to, harmlessly: a chunk that comes after its
+stream ended, or a producer resumed then, moves no one's deadline."""
