@@ -31,7 +31,7 @@ from crossbar.server.context import ProxyContext
 from crossbar.server.ending import door_key, record_of
 from crossbar.server.errors import error_payload
 from crossbar.server.phases import ENDED, MOVES, Phase
-from crossbar.server.request import answer_json, release_body
+from crossbar.server.request import answer_json, release_body, stopping
 from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import Deadline, borrow, give_back
@@ -47,32 +47,33 @@ _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 class Exchange:
     """One client request, and its upstream request (tried on more hosts if need be)."""
 
+    phase = Phase.CHOOSING  # defaults are the class's: an exchange is made per request
+    path = b"-"
+    route: RouteConfig | None = None
+    host: str | None = None
+    model: str | None = None  # as in :class:`~crossbar.server.asking.Asked`
+    asked: str | None = None
+    conversation: Conversation | None = None
+    placement: Placement | None = None  # where the policy placed it, at the last host
+    first_byte: float | None = None
+    flow: Flow | None = None  # who it is, where slots are counted
+    waited: float | None = None  # seconds it waited in crossbar for a slot
+    shed_as: str | None = None  # why the queue answered it, if it did
+    reader: AnswerReader | None = None  # what the answer says of its work
+    _asked = Asked()  # until the request is read (never changed: each read makes its own)
+    _forward_body: bytes | None = None
+    _attempt_started = _sent = 0.0
+    _counted: str | None = None
+    _pending: Deferred[Response] | None = None
+    _deadline: Deadline | None = None  # the host's answer's: its head, then each chunk
+    _body: StreamBody | None = None
+    _waiting: Waiting[Waiter] | None = None
+
     def __init__(self, proxy: ProxyContext, request: server.Request) -> None:
         self.proxy = proxy
         self.request = request
-        self.phase = Phase.CHOOSING
         self.started = proxy.clock.seconds()
-        self.route: RouteConfig | None = None
-        self.host: str | None = None
         self.tried: list[str] = []
-        self.path = b"-"
-        self.model: str | None = None  # as in :class:`~crossbar.server.asking.Asked`
-        self.asked: str | None = None
-        self.conversation: Conversation | None = None
-        self.placement: Placement | None = None  # where the policy placed it, at the last host
-        self.first_byte: float | None = None
-        self._asked = Asked()
-        self._forward_body: bytes | None = None
-        self._attempt_started = self._sent = 0.0
-        self._counted: str | None = None
-        self._pending: Deferred[Response] | None = None
-        self._deadline: Deadline | None = None  # the host's answer's: its head, each chunk
-        self._body: StreamBody | None = None
-        self._waiting: Waiting[Waiter] | None = None
-        self.flow: Flow | None = None  # who it is, where slots are counted
-        self.waited: float | None = None  # seconds it waited in crossbar for a slot
-        self.shed_as: str | None = None  # why the queue answered it, if it did
-        self.reader: AnswerReader | None = None  # what the answer says of its work
 
     def _enter(self, phase: Phase) -> None:
         """The one place the exchange moves on; a move not in :data:`MOVES` is a bug."""
@@ -325,7 +326,7 @@ class Exchange:
             request.finish()
             return
         assert self.host is not None
-        if _stopping(request):  # crossbar itself cut it, past drain_timeout
+        if stopping(request):  # crossbar itself cut it, past drain_timeout
             self._cut_off()
             return
         why = describe(reason)
@@ -392,9 +393,3 @@ class Exchange:
     def record(self) -> RequestRecord:
         """The exchange as it ended, for its observers."""
         return record_of(self, self.proxy.clock.seconds())
-
-
-def _stopping(request: server.Request) -> bool:
-    """crossbar is stopping: past ``drain_timeout`` it closes the hosts' connections
-    itself, which is no fault of theirs."""
-    return bool(getattr(getattr(request.channel, "site", None), "draining", False))

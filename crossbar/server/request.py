@@ -176,6 +176,12 @@ def release_body(request: server.Request, keep_reserved: bool = False) -> None:
             request._release()
 
 
+def stopping(request: server.Request) -> bool:
+    """crossbar is stopping: past ``drain_timeout`` it closes the hosts' connections
+    itself, which is no fault of theirs."""
+    return bool(getattr(getattr(request.channel, "site", None), "draining", False))
+
+
 def answer_json(
     request: server.Request,
     status: int,
