@@ -15,7 +15,7 @@ from twisted.web import http
 from twisted.web.resource import Resource
 
 from crossbar.config import Limits
-from crossbar.server.request import ProxyRequest
+from crossbar.server.request import ProxyRequest, when_over
 from crossbar.server.site import Site
 from crossbar.server.timers import http_date
 from tests import doors
@@ -166,3 +166,43 @@ def test_chunked_bodies_count_as_they_arrive() -> None:
     assert d.site.body_memory == 100
     request.finish()
     assert d.site.body_memory == 50
+
+
+# -- the end of a request, told without a Deferred ----------------------------------------------
+
+
+def test_a_request_under_way_tells_its_end_once_when_it_finishes(d: Door) -> None:
+    conn = d.connect()
+    conn.send(post(doors.CHAT) + post(doors.CHAT))  # the second is pipelined
+    first = d.proxy.rendered[0]
+    told: list[tuple[object, int]] = []
+    when_over(first, lambda why: told.append((why, len(d.proxy.rendered))))
+    first.write(b"{}")
+    first.finish()
+    # As notifyFinish tells it: after the pipelined request behind it has begun.
+    assert told == [(None, 2)]
+    conn.channel.connectionLost(Failure(ConnectionDone()))
+    assert told == [(None, 2)]
+
+
+def test_a_request_whose_client_leaves_tells_why_once(d: Door) -> None:
+    conn = d.connect()
+    conn.send(post(doors.CHAT))
+    [request] = d.proxy.rendered
+    told: list[Failure | None] = []
+    when_over(request, told.append)
+    conn.channel.connectionLost(Failure(ConnectionDone()))
+    [why] = told
+    assert why is not None and why.check(ConnectionDone)
+
+
+def test_a_request_already_over_is_told_at_once(d: Door) -> None:
+    """(``notifyFinish`` would never tell it.)"""
+    conn = d.connect()
+    conn.send(post(doors.CHAT))
+    [request] = d.proxy.rendered
+    request.write(b"{}")
+    request.finish()
+    told: list[Failure | None] = []
+    when_over(request, told.append)
+    assert told == [None]

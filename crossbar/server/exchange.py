@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import error
-from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -31,13 +30,13 @@ from crossbar.server.context import ProxyContext
 from crossbar.server.ending import door_key, record_of
 from crossbar.server.errors import error_payload
 from crossbar.server.phases import ENDED, MOVES, Phase
-from crossbar.server.request import answer_json, release_body, stopping
+from crossbar.server.request import answer_json, release_body, stopping, when_over
 from crossbar.server.rewrite import BadTarget, answer_headers
 from crossbar.server.streaming import StreamBody
 from crossbar.server.timers import Deadline, borrow, give_back
 from crossbar.server.usage import APIS, AnswerReader
 from crossbar.server.waiting import Waiter, Waits, flow_of
-from crossbar.upstream import Discard, Response, describe, is_cancellation
+from crossbar.upstream import Call, Discard, Response, describe
 
 log = Logger()
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -64,7 +63,7 @@ class Exchange:
     _forward_body: bytes | None = None
     _attempt_started = _sent = 0.0
     _counted: str | None = None
-    _pending: Deferred[Response] | None = None
+    _pending: Call | None = None
     _deadline: Deadline | None = None  # the host's answer's: its head, then each chunk
     _body: StreamBody | None = None
     _waiting: Waiting[Waiter] | None = None
@@ -85,7 +84,7 @@ class Exchange:
         return self.phase in ENDED
 
     def start(self) -> None:
-        self.request.notifyFinish().addBoth(self._ended)
+        when_over(self.request, self._ended)
         try:
             if self._prepare():
                 self._try_next()
@@ -158,13 +157,12 @@ class Exchange:
         self._sent = self._sent or self._attempt_started
         asked = self._asked
         headers = asked.headers + proxy.host_keys.get(host, asked.credentials)
-        d = proxy.upstreams.request(host, method, asked.url_rest, headers, self._forward_body)
-        self._pending = d
+        call = proxy.upstreams.call(host, method, asked.url_rest, headers, self._forward_body, self)
+        self._pending = call
         deadline = self._deadline or borrow(self.request.channel, proxy.clock, self)
         self._deadline, deadline.on_due = deadline, self._no_answer
         deadline.set(proxy.settings[host].header_timeout)
-        d.addCallbacks(self._got_response, self._upstream_failed)
-        d.addErrback(self._crashed)
+        call.start()  # last: it may tell of a failure at once (and the next host be tried)
 
     def _count(self, host: str | None) -> None:
         """Keep the requests in flight right as the request moves from host to host."""
@@ -208,7 +206,8 @@ class Exchange:
 
     # -- waiting for the head --------------------------------------------------------------
 
-    def _got_response(self, response: Response) -> None:
+    def answered(self, response: Response) -> None:
+        """The host's head is in (told by the upstream call, as are the two below)."""
         self._pending = None
         self._stop_deadline()
         proxy = self.proxy
@@ -263,13 +262,13 @@ class Exchange:
         log.warn("host {host} sent no answer within {t:g}s", host=host, t=timeout)
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.cancel()  # closes the connection; the cancellation itself is ignored
+            pending.cancel()  # closes the connection
         self.fail(504, "upstream timeout", host=host)
 
-    def _upstream_failed(self, reason: Failure) -> None:
+    def not_answered(self, reason: Failure) -> None:
         self._pending = None
         self._stop_deadline()
-        if self.phase is not Phase.WAITING or is_cancellation(reason):
+        if self.phase is not Phase.WAITING:
             return
         host = self.host
         assert host is not None
@@ -343,7 +342,7 @@ class Exchange:
             self._body.stopProducing()
         self._abort_client()
 
-    def _crashed(self, reason: Failure) -> None:
+    def crashed(self, reason: Failure) -> None:
         log.failure("crossbar: unexpected error while proxying", reason)
         if not self.ended:
             if self.request.startedWriting:

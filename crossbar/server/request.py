@@ -3,6 +3,7 @@ in memory within the site's limits, and handed straight to the proxy."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any, Protocol
 
@@ -51,6 +52,8 @@ class ProxyRequest(server.Request):
     """
 
     rejected = False
+    on_end: Callable[[Failure | None], object] | None = None
+    """Told once when the request is over (see :func:`when_over`)."""
     key: Secret | None = None
     """The key the door let it in with (its :data:`~crossbar.server.door.Guard`'s word)."""
     _chunked = False
@@ -161,10 +164,31 @@ class ProxyRequest(server.Request):
         if self._held:
             self._release()
         super().finish()
+        self._over(None)  # where notifyFinish's Deferred fires: after the next pipelined
+        # request, if any, has begun
 
     def connectionLost(self, reason: Failure) -> None:
         self._release()
         super().connectionLost(reason)
+        self._over(reason)
+
+    def _over(self, reason: Failure | None) -> None:
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end(reason)
+
+
+def when_over(request: server.Request, call: Callable[[Failure | None], object]) -> None:
+    """``call(None)`` once ``request`` is finished, ``call(why)`` if its client leaves
+    first: ``notifyFinish().addBoth(call)``, without a Deferred for a
+    :class:`ProxyRequest` under way (some 12,000 instructions a request), and at once for
+    a request finished already (whose ``notifyFinish`` would never fire)."""
+    if request.finished:
+        call(None)
+    elif isinstance(request, ProxyRequest) and request.channel is not None and not request.on_end:
+        request.on_end = call
+    else:
+        request.notifyFinish().addBoth(call)
 
 
 def release_body(request: server.Request, keep_reserved: bool = False) -> None:

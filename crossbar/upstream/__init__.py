@@ -2,6 +2,7 @@
 the answer (parsed by llhttp through :mod:`crossbar.upstream.parsing`), and the words
 for the ways that can fail."""
 
+from crossbar.upstream.call import Answerer, Call
 from crossbar.upstream.connection import Response
 from crossbar.upstream.endpoints import IDLE_POOL_TIMEOUT, HostAddress, endpoint_for
 from crossbar.upstream.failures import Discard, describe, is_cancellation, stop_producing
@@ -9,6 +10,8 @@ from crossbar.upstream.pool import Upstreams
 
 __all__ = [
     "IDLE_POOL_TIMEOUT",
+    "Answerer",
+    "Call",
     "Discard",
     "HostAddress",
     "Response",

@@ -13,94 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from twisted.internet import error
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
-from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
 
+from crossbar.upstream.call import Answerer, Call, Result
 from crossbar.upstream.connection import IDLE, Connection, ConnectionFactory, Response
 from crossbar.upstream.endpoints import IDLE_POOL_TIMEOUT, endpoint_for
 
 BODY_APART = 64 * 1024
 """A body larger than this goes out as a write of its own after the head: joined to the
 head it would be copied, 16 MiB more for a 16 MiB body."""
-
-
-class _Call:
-    """One request to one host, until its status line arrives.
-
-    A kept-alive connection that the host closed just as it was reused fails before a
-    single byte of answer; such a request is sent once more, on a new connection: a host
-    closes an idle connection, not one it is answering on. Counting it as a failure would
-    mark a healthy host down.
-    """
-
-    def __init__(
-        self, pool: Upstreams, host: str, data: tuple[bytes, ...], head_only: bool
-    ) -> None:
-        self.pool = pool
-        self.host = host
-        self.data = data
-        self.head_only = head_only
-        self.result: Deferred[Response] = Deferred(self._cancel)
-        self._connecting: Deferred[Connection] | None = None
-        self._connection: Connection | None = None
-        self._retried = False
-        self._cancelled = False
-
-    def start(self) -> None:
-        connection = self.pool.take(self.host)
-        if connection is not None:
-            self._send(connection)
-        else:
-            self._connect()
-
-    def _connect(self) -> None:
-        d = self.pool.connect(self.host)
-        self._connecting = d
-        d.addCallbacks(self._connected, self.fail)
-
-    def _connected(self, connection: Connection) -> None:
-        self._connecting = None
-        if self.result.called:  # cancelled meanwhile
-            self.pool.release(connection)
-        else:
-            self._send(connection)
-
-    def fail(self, reason: Failure) -> None:
-        self._connecting = self._connection = None
-        if not self.result.called and not self._cancelled:
-            self.result.errback(reason)
-
-    def _send(self, connection: Connection) -> None:
-        self._connection = connection
-        connection.send(self, self.data, self.head_only)
-
-    def answered(self, response: Response) -> None:
-        self._connection = None
-        self.result.callback(response)
-
-    def lost(self, connection: Connection, reason: Failure, got_bytes: bool) -> None:
-        self._connection = None
-        if self.result.called:
-            return
-        stale = connection.reused and not got_bytes and not self._retried
-        if stale and reason.check(error.ConnectionDone, error.ConnectionLost):
-            self._retried = True
-            self._connect()
-            return
-        self.result.errback(Failure(ResponseNeverReceived([reason])))
-
-    def _cancel(self, result: Deferred[Response]) -> None:
-        # The result fails with CancelledError (which addTimeout turns into a timeout),
-        # not with whatever cancelling the connection attempt reports.
-        self._cancelled = True
-        if self._connecting is not None:
-            self._connecting.cancel()
-        if self._connection is not None:
-            connection, self._connection = self._connection, None
-            connection.cancel()
 
 
 class Upstreams:
@@ -176,9 +98,25 @@ class Upstreams:
     def request(
         self, host: str, method: bytes, path: bytes, headers: bytes, body: bytes | None
     ) -> Deferred[Response]:
-        """Send ``method path`` to ``host``; ``headers`` are whole lines (``Name: value\\r\\n``),
-        without ``Host`` and ``Content-Length``, which are added here. Fires with the
+        """:meth:`call`, started, its answer as a Deferred: it fires with the
         :class:`Response` once its headers are in; cancelling closes the connection."""
+        result = Result()
+        result.call = self.call(host, method, path, headers, body, result)
+        result.call.start()
+        return result.deferred
+
+    def call(
+        self,
+        host: str,
+        method: bytes,
+        path: bytes,
+        headers: bytes,
+        body: bytes | None,
+        to: Answerer,
+    ) -> Call:
+        """``method path`` for ``host`` (sent by the call's ``start``), its answer told to
+        ``to``; ``headers`` are whole lines (``Name: value\\r\\n``), without ``Host`` and
+        ``Content-Length``, which are added here."""
         head = [method, b" ", self._prefix[host], path, b" HTTP/1.1\r\n", self._host_line[host]]
         head.append(headers)
         head.append(b"\r\n" if body is None else b"Content-Length: %d\r\n\r\n" % len(body))
@@ -187,9 +125,7 @@ class Upstreams:
             data = (b"".join(head), body)
         else:
             data = (b"".join([*head, body or b""]),)
-        call = _Call(self, host, data, method == b"HEAD")
-        call.start()
-        return call.result
+        return Call(self, host, data, method == b"HEAD", to)
 
     # -- the pool -----------------------------------------------------------------------------
 
