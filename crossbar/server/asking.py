@@ -67,7 +67,7 @@ def read_request(
     the route's policy places by it), and what is sent on."""
     method = request.method
     body = request.content.getvalue() if request.content is not None else b""
-    found = Asked(model=route.default_model, api=shape.name)
+    found = Asked(route.default_model, api=shape.name)
     default = route.default_model
     if body and method not in (b"GET", b"HEAD"):
         facts = read_body(shape, body, default, conversations and method == b"POST")

@@ -77,7 +77,7 @@ def model_of(raw: msgspec.Raw | msgspec.UnsetType) -> Peek:
         model = msgspec.json.decode(raw, type=str)
     except msgspec.MsgspecError:
         return _NOTHING
-    return Peek(model=model or None, missing=False)
+    return Peek(model or None, False)
 
 
 NOTHING = _NOTHING

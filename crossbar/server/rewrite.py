@@ -80,7 +80,7 @@ def parse_target(uri: bytes) -> RoutePath:
         name = route.decode("ascii")
     except UnicodeDecodeError:
         raise BadTarget(404, "unknown route") from None
-    return RoutePath(route=name, rest=b"/" + rest if slash else b"/", query=query)
+    return RoutePath(name, b"/" + rest if slash else b"/", query)
 
 
 class _Headers(Protocol):
