@@ -206,3 +206,23 @@ def test_a_request_already_over_is_told_at_once(d: Door) -> None:
     told: list[Failure | None] = []
     when_over(request, told.append)
     assert told == [None]
+
+
+def test_the_client_s_address_is_asked_of_the_connection_once_not_per_request(d: Door) -> None:
+    """A TCP transport makes a new address each time it is asked."""
+    conn = d.connect()
+    asked: list[object] = []
+    peer = conn.transport.getPeer
+
+    def counted() -> object:
+        asked.append(1)
+        return peer()
+
+    conn.transport.getPeer = counted  # type: ignore[method-assign]
+    for _ in range(3):
+        conn.send(post(doors.CHAT))
+        request = d.proxy.rendered[-1]
+        assert request.getClientAddress() == doors.PEER
+        request.write(b"{}")
+        request.finish()
+    assert len(d.proxy.rendered) == 3 and len(asked) <= 1

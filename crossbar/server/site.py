@@ -68,6 +68,7 @@ class Channel(ParserRefusals):
     _in_body = False
     _refused = False
     _host: Any = None
+    _peer: Any = None
     _secure: bool | None = None
     _direct: Any = None
     _silent = True  # not a byte received yet
@@ -112,6 +113,13 @@ class Channel(ParserRefusals):
         if self._host is None:
             self._host = super().getHost()
         return self._host
+
+    def getPeer(self) -> Any:
+        """The client's address, made once per connection (a TCP transport makes a new
+        one each time it is asked, and twisted.web asks for every request)."""
+        if self._peer is None:
+            self._peer = super().getPeer()
+        return self._peer
 
     def isSecure(self) -> bool:
         """Whether the connection is TLS (an interface lookup), asked once per connection."""
