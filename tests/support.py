@@ -261,6 +261,16 @@ class Daemon:
         return self.proc.wait(timeout=timeout)
 
 
+def demo_route_ready(daemon: Daemon) -> bool:
+    """Whether ``crossbar --demo``'s route lists its models (its hosts' first polls are in)."""
+    return http_status(f"{daemon.url}/opencode/v1/models") == 200
+
+
+PORT_TAKEN = "address already in use"
+"""What crossbar's log says when its port was taken (by another process, or by its own
+simulated fleet, which listens on ports the kernel picks) between the choice and the listen."""
+
+
 def start_daemon(
     tmp: Path,
     yaml: str | None,
@@ -271,13 +281,47 @@ def start_daemon(
     twistd_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     wait: bool = True,
+    ready: Callable[[Daemon], bool] | None = None,
 ) -> Daemon:
     """Start ``twistd -n [twistd_args] crossbar -c crossbar.yaml [args]`` with ``yaml`` as
     its config, in ``tmp``, and wait for its port (unless ``wait`` is false: a start meant
-    to fail). Unless ``port`` says which one it listens on, it listens on a free port:
-    ``listen`` added to ``yaml``, or ``--listen`` to ``args`` when ``yaml`` is None (no
-    config file, as with ``--demo``). ``env`` is added to this process's environment. This
-    checkout's crossbar runs, installed or not."""
+    to fail), then for ``ready``, if given, within ``timeout``. Unless ``port`` says which
+    one it listens on, it listens on a free port (``listen`` added to ``yaml``, or
+    ``--listen`` to ``args`` when ``yaml`` is None: no config file, as with ``--demo``),
+    chosen again, up to three times, when it was taken before crossbar listened on it.
+    ``env`` is added to this process's environment. This checkout's crossbar runs,
+    installed or not."""
+    for attempt in range(3):
+        daemon = _start_daemon(tmp, yaml, port, args, twistd_args, env)
+        if not wait:
+            return daemon
+        up = _started(daemon, ready, timeout)
+        if up and PORT_TAKEN not in daemon.output():
+            return daemon
+        code = daemon.stop()
+        if port is None and PORT_TAKEN in daemon.output() and attempt < 2:
+            continue
+        raise AssertionError(
+            f"crossbar did not get ready on port {daemon.port} (exit code {code}):\n"
+            + daemon.output()
+        )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _started(daemon: Daemon, ready: Callable[[Daemon], bool] | None, timeout: float) -> bool:
+    if not daemon.wait(lambda: accepts(daemon.port), timeout):
+        return False
+    return ready is None or daemon.wait(lambda: ready(daemon), timeout)
+
+
+def _start_daemon(
+    tmp: Path,
+    yaml: str | None,
+    port: int | None,
+    args: Sequence[str],
+    twistd_args: Sequence[str],
+    env: Mapping[str, str] | None,
+) -> Daemon:
     crossbar = list(args)
     if port is None:
         port = free_port()
@@ -292,14 +336,7 @@ def start_daemon(
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     argv = [TWISTD, "-n", "--pidfile=", *twistd_args, "crossbar", *crossbar]
     environ = {**os.environ, **(env or {}), "PYTHONPATH": path}
-    daemon = Daemon.start(argv, port, tmp / "crossbar.log", cwd=tmp, env=environ)
-    if wait and not daemon.wait(lambda: accepts(port), timeout):
-        code = daemon.stop()
-        raise AssertionError(
-            f"crossbar did not start listening on port {port} (exit code {code}):\n"
-            + daemon.output()
-        )
-    return daemon
+    return Daemon.start(argv, port, tmp / "crossbar.log", cwd=tmp, env=environ)
 
 
 @implementer(IPushProducer)

@@ -32,7 +32,7 @@ from tests.agents import (
     install_claude,
     install_codex,
 )
-from tests.support import REPO, Daemon, free_port, http_status, start_daemon
+from tests.support import REPO, Daemon, demo_route_ready, free_port, http_status, start_daemon
 
 DOC = REPO / "docs" / "clients.md"
 PLACEHOLDER = "http://crossbar:7777"
@@ -55,13 +55,11 @@ def codex_bin() -> Path:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """``twistd -n crossbar --demo`` on a free loopback port, its route ready."""
+    folder = tmp_path_factory.mktemp("crossbar")
     daemon = start_daemon(
-        tmp_path_factory.mktemp("crossbar"), None, args=["--demo"], timeout=CROSSBAR_TIMEOUT
+        folder, None, args=["--demo"], timeout=CROSSBAR_TIMEOUT, ready=demo_route_ready
     )
     try:
-        models = f"{daemon.url}/opencode/v1/models"
-        ready = daemon.wait(lambda: http_status(models) == 200, CROSSBAR_TIMEOUT)
-        assert ready, f"crossbar --demo did not get ready:\n{daemon.log()}"
         yield daemon
     finally:
         daemon.stop()

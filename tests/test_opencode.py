@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from tests.npm import install_npm_package, sandbox_env
-from tests.support import Daemon, http_status, start_daemon
+from tests.support import Daemon, demo_route_ready, start_daemon
 
 OPENCODE_VERSION = "1.18.33"
 """The pinned ``opencode-ai`` on npm (its platform binary comes as an optional dependency,
@@ -146,11 +146,10 @@ def demo(tmp_path: Path) -> Iterator[Daemon]:
     """``twistd -n crossbar --demo`` on a free loopback port, its route ready."""
     folder = tmp_path / "crossbar"
     folder.mkdir()
-    daemon = start_daemon(folder, None, args=["--demo"], timeout=CROSSBAR_TIMEOUT)
+    daemon = start_daemon(
+        folder, None, args=["--demo"], timeout=CROSSBAR_TIMEOUT, ready=demo_route_ready
+    )
     try:
-        models = f"{daemon.url}/opencode/v1/models"
-        ready = daemon.wait(lambda: http_status(models) == 200, CROSSBAR_TIMEOUT)
-        assert ready, f"crossbar --demo did not get ready:\n{daemon.log()}"
         yield daemon
     finally:
         daemon.stop()

@@ -12,7 +12,7 @@ import pytest
 
 from crossbar.config import parse_config
 from crossbar.service import announcement
-from tests.support import Daemon, free_port, http_status, start_daemon
+from tests.support import Daemon, demo_route_ready, free_port, start_daemon
 
 ROUTE = "routes:\n  lab:\n    hosts: [gpu-a]\n"
 
@@ -123,12 +123,10 @@ def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path) -> None:
 
 
 def test_demo_fleet_routes_by_model(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, None, args=["--demo"])
+    # Ready once the first polls of the simulated hosts are in.
+    daemon = start_daemon(tmp_path, None, args=["--demo"], ready=demo_route_ready)
     port = daemon.port
     try:
-        # The first polls of the simulated hosts are under way.
-        models = f"{daemon.url}/opencode/v1/models"
-        assert daemon.wait(lambda: http_status(models) == 200, 20), daemon.log()
         asked = urllib.request.Request(
             f"{daemon.url}/opencode/v1/chat/completions",
             data=b'{"model": "gpt-oss-20b", "messages": [], "max_tokens": 2}',
