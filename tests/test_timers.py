@@ -99,3 +99,15 @@ def test_stop_leaves_a_timer_that_fired_or_was_cancelled_alone() -> None:
 def test_the_date_is_http_s_format_of_now() -> None:
     value = http_date()
     assert value.endswith(b" GMT") and http.stringToDatetime(value) > 0
+
+
+def test_let_go_keeps_a_lent_deadline_s_timer_for_its_lender_and_stops_an_own_one() -> None:
+    own, lent = Due(), Due()
+    lent.deadline.lender = object()
+    for d in (own, lent):
+        d.deadline.set(10)
+        d.deadline.let_go()
+        assert d.deadline.due is None
+    assert own.clock.getDelayedCalls() == [] and len(lent.clock.getDelayedCalls()) == 1
+    lent.clock.advance(20)
+    assert lent.passed == 0

@@ -58,8 +58,8 @@ class StreamBody(protocol.Protocol):
     2,000 instructions). The body's end,
     clean or not, goes to ``on_end``. A pause as long as ``idle_timeout`` (a client that
     reads nothing, holding a host's connection and maybe its GPU) calls ``on_stall``.
-    ``deadline``: one lent for it (pointed at ``on_idle`` here, cleared, not stopped, at
-    the end: its timer goes on serving the lender); else one of its own.
+    ``deadline``: one given it (pointed at ``on_idle`` here, let go at the end: a lent
+    one's timer goes on serving its lender); else one of its own.
     """
 
     def __init__(
@@ -78,7 +78,6 @@ class StreamBody(protocol.Protocol):
         self._clock = clock
         self._now = clock.seconds
         self._idle_timeout = idle_timeout
-        self._lent = deadline is not None
         if deadline is None:
             deadline = Deadline(clock, on_idle)
         else:
@@ -108,7 +107,7 @@ class StreamBody(protocol.Protocol):
         self._on_end(reason)
 
     def pauseProducing(self) -> None:
-        self._quiet()
+        self._idle.let_go()
         if self._stall is None:
             self._stall = self._clock.callLater(self._idle_timeout, self._stalled)
         IPushProducer(self.transport).pauseProducing()
@@ -127,15 +126,8 @@ class StreamBody(protocol.Protocol):
         """Start the idle timer (for a body still coming in)."""
         self._idle.set(self._idle_timeout)
 
-    def _quiet(self) -> None:
-        """Nothing due (a lent deadline keeps its timer for its lender)."""
-        if self._lent:
-            self._idle.clear()
-        else:
-            self._idle.stop()
-
     def _disarm(self) -> None:
-        self._quiet()
+        self._idle.let_go()
         self._idle = SPENT
         stop(self._stall)
         self._stall = None

@@ -82,6 +82,14 @@ class Deadline:
         stop(self._call)
         self._call = None
 
+    def let_go(self) -> None:
+        """Nothing due: a lent deadline keeps its timer, for its lender's next use; one
+        of its holder's own is stopped with it."""
+        if self.lender is None:
+            self.stop()
+        else:
+            self.due = None
+
     def _arm(self, due: float, seconds: float) -> None:
         self._fires = due
         self._call = self.clock.callLater(seconds, self._fire)
@@ -115,10 +123,7 @@ def give_back(deadline: Deadline | None, holder: object) -> None:
     no more (unless someone else holds it already); its own is stopped with its timer."""
     if deadline is not None and deadline.holder is holder:
         deadline.holder, deadline.on_due = None, nothing
-        if deadline.lender is None:
-            deadline.stop()
-        else:
-            deadline.clear()
+        deadline.let_go()
 
 
 def nothing() -> None:

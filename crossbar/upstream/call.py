@@ -144,7 +144,7 @@ class Result:
         self.deferred.errback(reason)
 
     def crashed(self, reason: Failure) -> None:
-        self.deferred.errback(reason)  # pragma: no cover  # a Deferred's callback never raises
+        self.deferred.errback(reason)  # not reached: a Deferred's callback never raises
 
     def _cancel(self, deferred: Deferred[Response]) -> None:
         if self.call is not None:
