@@ -10,7 +10,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from crossbar.config import parse_config
 from crossbar.fleet import Placement
-from crossbar.server.ending import Ended, record_of
+from crossbar.server.ending import Ended, record_of, refused_record
 from crossbar.server.phases import Phase
 from crossbar.server.usage import Usage
 
@@ -86,3 +86,9 @@ def test_a_client_that_left_before_the_end_is_a_499_and_a_cut_answer_says_so() -
     assert (left.status, left.client_left, left.cut_off) == (499, True, False)
     cut = record_of(ended(phase=Phase.CUT_OFF, reader=None, placement=None), 12.0)
     assert (cut.status, cut.cut_off, cut.prompt_tokens, cut.affinity) == (200, True, None, None)
+
+
+def test_a_request_refused_at_the_door_has_a_record_of_its_own_kind() -> None:
+    record = refused_record(413, b"POST", b"/lab/v1/chat/completions")
+    assert (record.route, record.host, record.status, record.refused) == ("-", None, 413, True)
+    assert (record.method, record.path, record.seconds) == (b"POST", b"/lab/v1/chat/completions", 0)

@@ -1,6 +1,6 @@
-"""An exchange as it ended, made into the one record its observers read: what was asked,
-where it went, how it ended, and what the answer said of its work (tokens, cache hits,
-the first token's time, speed: :mod:`crossbar.server.usage`)."""
+"""Where a request's one record is made: an exchange as it ended (what was asked, where
+it went, how it ended, and what the answer said of its work: tokens, cache hits, the
+first token's time, speed, :mod:`crossbar.server.usage`), or a request refused at the door."""
 
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ def door_key(request: server.Request) -> Secret | None:
     """The key the door let ``request`` in with (a :class:`ProxyRequest`'s), if any."""
     key: Secret | None = getattr(request, "key", None)
     return key
+
+
+def refused_record(status: int, method: bytes, path: bytes) -> RequestRecord:
+    """The record of a request refused from its head at the door (it reached no route)."""
+    return RequestRecord("-", None, status, 0.0, method=method, path=path, refused=True)
 
 
 def record_of(ended: Ended, now: float) -> RequestRecord:

@@ -27,11 +27,12 @@ from crossbar._twisted import (
     write_now,
 )
 from crossbar.config import Limits
-from crossbar.fleet import ProxyObserver, RequestRecord
+from crossbar.fleet import ProxyObserver
 from crossbar.server import door
 from crossbar.server.accesslog import AccessLog
 from crossbar.server.connections import Connections
 from crossbar.server.door import FOLD_STARTS, TE_STARTS, Guard, Refusal
+from crossbar.server.ending import refused_record
 from crossbar.server.listening import INTERNAL_LISTENER
 from crossbar.server.request import ProxyRequest
 from crossbar.server.timers import Deadline, nothing, stop
@@ -222,9 +223,7 @@ class Channel(ParserRefusals):
         self._linger = self.callLater(LINGER, transport.abortConnection)
         if refusal is door.NO_REQUEST:
             return  # no request to log: it is counted
-        status = refusal.status
-        record = RequestRecord("-", None, status, 0.0, method=method, path=path, refused=True)
-        self.site.observer.request_done(record)
+        self.site.observer.request_done(refused_record(refusal.status, method, path))
 
     def give_way(self) -> None:
         """Close this idle connection for a new one (the site has forgotten it): its
