@@ -1,5 +1,5 @@
 """The reactor's longest turns while a host sends a new 8 MiB model list on every poll:
-read in place against read by a child process (``crossbar.fleet.listreader``), side by
+read in place against read by a child process (``crossbar.polling.listreader``), side by
 side in one run:
 
     .venv/bin/python benchmarks/listpolls.py [--seconds 10] [--ids 520000]
@@ -30,10 +30,10 @@ from twisted.internet.defer import Deferred  # noqa: E402
 from twisted.web.client import Agent  # noqa: E402
 
 from crossbar.config import HostSettings  # noqa: E402
-from crossbar.fleet import HealthTable  # noqa: E402
-from crossbar.fleet import poller as poller_module  # noqa: E402
-from crossbar.fleet.listreader import ListReader  # noqa: E402
-from crossbar.fleet.poller import Poller  # noqa: E402
+from crossbar.polling import poller as poller_module  # noqa: E402
+from crossbar.polling.health import HealthTable  # noqa: E402
+from crossbar.polling.listreader import ListReader  # noqa: E402
+from crossbar.polling.poller import Poller  # noqa: E402
 
 HOST = textwrap.dedent(
     """

@@ -18,7 +18,7 @@ Two runs, each with fresh hosts and a fresh crossbar:
   repository with ``git archive``: a model loaded nowhere goes to the first healthy host that
   knows it, whatever that host runs;
 - ``priority + placement``: this checkout, which reads each router's room (``GET /props``) and
-  loads a model loaded nowhere on the cheapest host (``crossbar.fleet.placement``).
+  loads a model loaded nowhere on the cheapest host (``crossbar.routing.placement``).
 
 Measured from outside crossbar, the same way for both: the benchmark polls every host's own
 ``/v1/models`` every 100 ms; a *load* is a model going to ``loading`` (or straight to ``loaded``),

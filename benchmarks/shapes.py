@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from crossbar.server.shapes import SHAPES, read_body  # noqa: E402
+from crossbar.proxy.shapes import SHAPES, read_body  # noqa: E402
 
 
 def chat(system: int, turns: int) -> dict[str, Any]:

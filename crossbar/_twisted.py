@@ -1,7 +1,7 @@
 """Every private attribute of Twisted that crossbar uses, and nowhere else.
 
 Twisted does not promise these; each was read in Twisted 26.4 through 26.10 (the
-range ``setup.cfg`` allows) and ``tests/test_twisted.py`` fails loudly, naming
+range ``setup.cfg`` allows) and ``tests/unit/test_twisted.py`` fails loudly, naming
 the attribute, if a release renames or drops one. Before widening the range, read
 each use below against the new release's source.
 

@@ -23,12 +23,13 @@ from twisted.web.client import HTTPConnectionPool
 
 from crossbar.config import Config, HostConfig, Secret
 from crossbar.config.changes import Changes, moved
-from crossbar.fleet import HealthTable, HostState, Traffic
-from crossbar.fleet.hourly import HourlyTraffic
-from crossbar.fleet.listreader import ListReader
-from crossbar.fleet.policies import places_conversations
-from crossbar.fleet.poller import Poller
-from crossbar.fleet.recent import RecentTraffic
+from crossbar.polling.health import HealthTable, HostState
+from crossbar.polling.listreader import ListReader
+from crossbar.polling.poller import Poller
+from crossbar.queueing.traffic import Traffic
+from crossbar.routing.policies import places_conversations
+from crossbar.stats.hour import HourlyTraffic
+from crossbar.stats.window import RecentTraffic
 from crossbar.upstream import Upstreams
 from crossbar.upstream.endpoints import make_agent, make_agents, make_pool
 

@@ -29,8 +29,8 @@ from twisted.logger import (
 )
 from zope.interface import implementer
 
-from crossbar.fleet.record import RequestRecord
-from crossbar.server.rewrite import printable
+from crossbar.stats.accessline import printable
+from crossbar.stats.record import RequestRecord
 
 
 def json_line(event: LogEvent) -> str | None:
@@ -110,7 +110,7 @@ class _RequestLine(msgspec.Struct):
 
 
 def _request(record: RequestRecord, event: LogEvent) -> _RequestLine:
-    """A request's line: its record (as :class:`~crossbar.server.accesslog.AccessLog` logs
+    """A request's line: its record (as :class:`~crossbar.stats.accesslog.AccessLog` logs
     it) as named fields, its model as the access log shows it (``other`` when no host
     lists it)."""
     first_byte, waited, first_token = record.first_byte, record.waited, record.first_token

@@ -25,18 +25,18 @@ from crossbar import __version__
 from crossbar.config import DEMO_SOURCE, Config, ConfigError, tcp_address
 from crossbar.config.changes import Changes, Reloaded, Reloads, compare
 from crossbar.config.fields import shown_listen
-from crossbar.fleet import Observers
 from crossbar.hosts import Hosts
+from crossbar.http.drain import count_requests
 from crossbar.pages.app import StatusApp
-from crossbar.pages.loads import ModelEvents
-from crossbar.pages.metrics import Metrics
+from crossbar.pages.models import ModelEvents
 from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
-from crossbar.server.accesslog import AccessLog
-from crossbar.server.context import ProxyContext
-from crossbar.server.draining import count_requests
-from crossbar.server.front import FrontDoor, PageResources, Private
-from crossbar.server.resources import ProxyResource
-from crossbar.server.waiting import Waits
+from crossbar.proxy.context import ProxyContext
+from crossbar.proxy.resources import ProxyResource
+from crossbar.queueing.waits import Waits
+from crossbar.sites import PageResources, Private, Sites
+from crossbar.stats.accesslog import AccessLog
+from crossbar.stats.metrics import Metrics
+from crossbar.stats.record import Observers
 from crossbar.upstream.failures import describe
 from crossbar.usage.ledger import UsageLedger
 from crossbar.usage.store import UsageStore
@@ -83,7 +83,7 @@ class Crossbar(MultiService):
         shared = worker is not None or config.listen_reuse_port
         private = None if worker is None else _private(worker)
         pages = PageResources(self.status.resource(), self.status.probes(), self.status.own_root())
-        door = FrontDoor(config, reactor, self.proxy, pages, self._observer, shared=shared,
+        door = Sites(config, reactor, self.proxy, pages, self._observer, shared=shared,
                          private=private)  # fmt: skip
         self.door, self.site, self.listener = door, door.site, door.listener
         self.status_listener = door.status_listener

@@ -16,8 +16,8 @@ from twisted.python.components import Componentized
 
 from crossbar._twisted import run_lean, twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
+from crossbar.http.listener import CannotListen, not_an_internal_start
 from crossbar.logformat import writer
-from crossbar.server.listening import CannotListen, not_an_internal_start
 
 if TYPE_CHECKING:
     from crossbar.service import Crossbar

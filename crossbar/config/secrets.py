@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -108,3 +108,37 @@ def shown_url(url: str) -> str:
         return url
     user, colon, _ = userinfo.partition(":")
     return f"{head}//{user}:{MASK}@{host}" if colon else f"{head}//{MASK}@{host}"
+
+
+RawHeaders = Sequence[tuple[bytes, Sequence[bytes]]]
+"""A request's headers as twisted.web keeps them: each name with its values."""
+
+
+def offered(headers: RawHeaders) -> Iterator[bytes]:
+    """Every key a request's head offers: each ``Authorization: Bearer`` token and each
+    ``X-Api-Key`` value, stripped of surrounding spaces."""
+    for name, values in headers:
+        lower = name.lower()
+        if lower == b"authorization":
+            for value in values:
+                parts = value.split(None, 1)
+                if len(parts) == 2 and parts[0].lower() == b"bearer":
+                    yield parts[1].strip()
+        elif lower == b"x-api-key":
+            for value in values:
+                yield value.strip()
+
+
+def holds_key(headers: RawHeaders, keys: Iterable[Secret]) -> bool:
+    """Whether the head offers one of ``keys`` (each offer compared in constant time)."""
+    return key_held(headers, tuple(keys)) is not None
+
+
+def key_held(headers: RawHeaders, keys: Sequence[Secret]) -> Secret | None:
+    """The first of ``keys`` the head's first good offer matches: each offer is compared
+    with every key, in time that does not depend on how much of one it got right."""
+    for value in offered(headers):
+        found = matching(value, keys)
+        if found is not None:
+            return found
+    return None

@@ -26,27 +26,22 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from crossbar import __version__
 from crossbar.config import Config, RouteConfig
 from crossbar.config.changes import Reloaded, Reloads
-from crossbar.fleet import (
-    HealthTable,
-    HostState,
-    HourlyTraffic,
-    RecentTraffic,
-    RouteAffinity,
-    Traffic,
-    routes_down,
-)
-from crossbar.fleet.policies import Ask, Choice, places_conversations
-from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.flowshares import FlowShares
-from crossbar.pages.hostusage import recent_usage_json
-from crossbar.pages.loads import models_json
-from crossbar.pages.metrics import CONTENT_TYPE, Metrics
+from crossbar.pages.hosttokens import recent_usage_json
+from crossbar.pages.models import models_json
 from crossbar.pages.peers import WorkerInfo, relay_reload
 from crossbar.pages.render import About, StatusPage, model_on
 from crossbar.pages.times import rfc3339
-from crossbar.pages.usagepage import answer as usage_answer
-from crossbar.pages.usagepanel import UsagePanel
-from crossbar.pages.waiting import waiting_by_route
+from crossbar.pages.usagequery import answer as usage_answer
+from crossbar.pages.usagetables import UsageTables
+from crossbar.polling.health import HealthTable, HostState
+from crossbar.queueing.traffic import Traffic
+from crossbar.routing.groups import routes_down
+from crossbar.routing.policies import Ask, Choice, places_conversations
+from crossbar.stats.hour import HourlyTraffic
+from crossbar.stats.metrics import CONTENT_TYPE, Metrics
+from crossbar.stats.queuemetrics import waiting_by_route
+from crossbar.stats.window import WINDOW_SECONDS, RecentTraffic, RouteAffinity
 from crossbar.usage.ledger import UsageLedger
 
 
@@ -90,7 +85,7 @@ class StatusApp:
         """Reloads the config (``None``: there is no file to read, as in a demo)."""
         self.usage = usage
         """Usage kept across restarts; ``None``: ``usage_db`` is off."""
-        self.usage_panel = UsagePanel(usage, clock)
+        self.usage_panel = UsageTables(usage, clock)
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -254,7 +249,7 @@ class StatusApp:
 
     @app.route("/usage", methods=["GET"])
     def usage_sums(self, request: IRequest) -> Deferred[bytes]:
-        """Usage kept in ``usage_db``, summed (see :mod:`crossbar.pages.usagepage`)."""
+        """Usage kept in ``usage_db``, summed (see :mod:`crossbar.pages.usagequery`)."""
         return Deferred.fromCoroutine(usage_answer(request, self.usage, self.clock))
 
     @app.route("/livez", methods=["GET"])

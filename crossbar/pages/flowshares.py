@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 from twisted.web.template import Flattenable, Tag, tags
 
-from crossbar.fleet.slottime import WINDOW_SECONDS, Usage
 from crossbar.pages.times import duration, short_seconds
+from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotUse
 
 SHOWN = 20
 """Flows listed one by one; past them, how many more and their share together."""
@@ -26,13 +26,13 @@ SHOWN = 20
 class FlowShares:
     """The flows that used the slots in the window, the most first, and the rest summed."""
 
-    top: tuple[tuple[str, Usage], ...]
+    top: tuple[tuple[str, SlotUse], ...]
     others: int
     others_share: float
     others_requests: int
 
     @classmethod
-    def of(cls, usage: Mapping[str, Usage], shown: int = SHOWN) -> FlowShares:
+    def of(cls, usage: Mapping[str, SlotUse], shown: int = SHOWN) -> FlowShares:
         ranked = sorted(usage.items(), key=lambda item: (-item[1].seconds, item[0]))
         rest = [used for _, used in ranked[shown:]]
         return cls(
@@ -80,7 +80,7 @@ def flows_section(shares: FlowShares, tag: Tag) -> Flattenable:
     rows = [_row(name, used) for name, used in shares.top]
     if shares.others:
         more = f"{shares.others} more flows"
-        rows.append(_row(more, Usage(shares.others_share, 0.0, shares.others_requests)))
+        rows.append(_row(more, SlotUse(shares.others_share, 0.0, shares.others_requests)))
     what = (
         f"Each flow (a key's name, or a client's address) and its part of the time the "
         f"hosts' slots spent on requests that ended in the last {minutes} min."
@@ -92,7 +92,7 @@ def flows_section(shares: FlowShares, tag: Tag) -> Flattenable:
     )
 
 
-def _row(name: str, used: Usage) -> Tag:
+def _row(name: str, used: SlotUse) -> Tag:
     requests = f"{used.requests} request" + ("" if used.requests == 1 else "s")
     return tags.tr(
         tags.td(tags.b(name), **{"data-label": "Flow"}),

@@ -18,17 +18,19 @@ from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer,
 
 from crossbar.config import DEMO_SOURCE, Config, RouteConfig
 from crossbar.config.changes import Reloads
-from crossbar.fleet import HostHour, HostRecent, HostState, RouteAffinity, routes_down
-from crossbar.fleet.placement import Load, Usage
-from crossbar.fleet.recent import WINDOW_SECONDS
 from crossbar.pages.charts import CHART_STYLE
 from crossbar.pages.flowshares import FlowShares, flows_section
-from crossbar.pages.hostusage import HostUsage
-from crossbar.pages.loads import instances_words, load_words, model_notes
+from crossbar.pages.hosttokens import HostTokens
+from crossbar.pages.models import instances_words, load_words, model_notes
 from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.style import STYLE
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
-from crossbar.pages.usagepanel import UsageView, usage_tables
+from crossbar.pages.usagetables import UsageView, usage_tables
+from crossbar.polling.health import HostState
+from crossbar.routing.groups import routes_down
+from crossbar.routing.placement import LoadCost, Occupancy
+from crossbar.stats.hour import HostHour
+from crossbar.stats.window import WINDOW_SECONDS, HostRecent, RouteAffinity
 
 REFRESH_SECONDS = 5
 PAGE_MODELS = 20
@@ -208,9 +210,9 @@ class StatusPage(Element):
     """Each key's and route's tokens of today and this week (:mod:`.usagepanel`)."""
     shares: FlowShares = attrs.field(kw_only=True, factory=lambda: FlowShares.of({}))
     """Each flow's share of the slots over the last five minutes."""
-    loads: Mapping[str, Load] = attrs.field(kw_only=True, factory=dict)
+    loads: Mapping[str, LoadCost] = attrs.field(kw_only=True, factory=dict)
     """Each route whose default model is loaded on no healthy host: where it would load."""
-    model_usage: Usage = attrs.field(kw_only=True, factory=Usage)
+    model_usage: Occupancy = attrs.field(kw_only=True, factory=Occupancy)
     """Requests in flight and last use per host and model (a router's loaded models)."""
 
     @renderer
@@ -283,7 +285,7 @@ class StatusPage(Element):
     @renderer
     def usage(self, request: IRequest | None, tag: Tag) -> Flattenable:
         """Tokens and speed per host, then the last hour's charts (:mod:`.hostusage`)."""
-        return HostUsage(list(self.states), self.recent, self.hourly)
+        return HostTokens(list(self.states), self.recent, self.hourly)
 
     @renderer
     def route(self, request: IRequest | None, tag: Tag) -> Flattenable:
@@ -349,7 +351,7 @@ class StatusPage(Element):
         room = instances_words(state, self.model_usage)
         return shown if room is None else [shown, tags.br(), tags.small(room, class_="muted")]
 
-    def _goes_to(self, choice: str | None, model: str | None, load: Load | None) -> Flattenable:
+    def _goes_to(self, choice: str | None, model: str | None, load: LoadCost | None) -> Flattenable:
         """Where the route sends a request for its default model now, and whether that
         host has the model loaded; ``try_all`` may pick a host that is down."""
         if choice is None:

@@ -28,7 +28,7 @@ from crossbar.testing.simulator import (
     RecordedRequest,
     SimulatedHost,
 )
-from crossbar.testing.waiting import eventually, guard, turns
+from crossbar.testing.timeouts import eventually, guard, turns
 
 __all__ = [
     "BUILD_INFO",

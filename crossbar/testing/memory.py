@@ -22,11 +22,13 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from crossbar.config import Config
-from crossbar.fleet import HealthTable, RequestRecord, Traffic
-from crossbar.server.context import ProxyContext
-from crossbar.server.resources import ProxyResource, RootResource
-from crossbar.server.site import Channel, Site
-from crossbar.server.waiting import Waits
+from crossbar.http.site import Channel, Site
+from crossbar.polling.health import HealthTable
+from crossbar.proxy.context import ProxyContext
+from crossbar.proxy.resources import ProxyResource, RootResource
+from crossbar.queueing.traffic import Traffic
+from crossbar.queueing.waits import Waits
+from crossbar.stats.record import RequestRecord
 from crossbar.upstream import Upstreams
 
 CLIENT = IPv4Address("TCP", "127.0.0.1", 40000)

@@ -14,7 +14,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
-from crossbar.testing.waiting import guard
+from crossbar.testing.timeouts import guard
 
 
 class Reader(Protocol):

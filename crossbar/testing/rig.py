@@ -27,11 +27,11 @@ from twisted.web.iweb import IResponse
 
 from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
 from crossbar.config.changes import Reloaded
-from crossbar.fleet import HealthTable, HostState
+from crossbar.polling.health import HealthTable, HostState
 from crossbar.testing.logs import LogCapture
 from crossbar.testing.reader import Reader
 from crossbar.testing.simulator import SimulatedHost
-from crossbar.testing.waiting import global_reactor, guard, turns
+from crossbar.testing.timeouts import global_reactor, guard, turns
 
 if TYPE_CHECKING:
     from crossbar.service import Crossbar

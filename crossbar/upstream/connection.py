@@ -43,7 +43,7 @@ class Owner(Protocol):
         """The connection is closed."""
 
 
-class Waiter(Protocol):
+class AnswerWaiter(Protocol):
     """The request a connection is answering, until its status line arrives."""
 
     def answered(self, response: Response) -> None: ...
@@ -165,7 +165,7 @@ class Connection(BodyProtocol):
         self.idle_since = 0.0
         self.reused = False
         self.response: Response | None = None
-        self._waiter: Waiter | None = None
+        self._waiter: AnswerWaiter | None = None
         self._parser = AnswerParser(self._head, self._body, self._end_of_answer)
         self._got_bytes = False
         self._keep_alive = False
@@ -198,7 +198,7 @@ class Connection(BodyProtocol):
         self.abort()
         return False
 
-    def send(self, waiter: Waiter, data: tuple[bytes, ...], head_only: bool) -> None:
+    def send(self, waiter: AnswerWaiter, data: tuple[bytes, ...], head_only: bool) -> None:
         self.state = _HEAD
         self._waiter = waiter
         self._got_bytes = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from crossbar.fleet.record import OTHER_MODEL, RequestRecord
+from crossbar.stats.record import OTHER_MODEL, RequestRecord
 
 Place = tuple[int, str, str, str, str]
 """``(minute, route, host, model, key)``: the minute as epoch seconds at its start;

@@ -15,8 +15,8 @@ from twisted.logger import ILogObserver, LogLevel, PredicateResult, eventAsText
 from zope.interface import implementer
 
 from crossbar._twisted import run_lean
+from crossbar.http.listener import not_an_internal_start
 from crossbar.logformat import json_line
-from crossbar.server.listening import not_an_internal_start
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a child

@@ -5,7 +5,7 @@ One ``claude -p`` and one ``codex exec`` each talk to a real router (tiny random
 through crossbar, via a relay on loopback that records the bytes both ways. Every request must
 be answered 200, in crossbar's access log and in the recording, by a stream that ends
 properly: ``message_stop`` last for Anthropic's Messages API, ``response.completed`` for
-Responses. The pinned agents are installed as in the default run (``tests/agents.py``).
+Responses. The pinned agents are installed as in the default run (``tests/support/agents.py``).
 
 A tiny random model rarely samples its end token, so an answer runs to its limit: the
 router is started with ``-n 64`` (Codex names no limit), and Claude Code, which asks for
@@ -30,8 +30,8 @@ from typing import Any
 import attrs
 import pytest
 
-from tests.agents import claude, codex, install_claude, install_codex
 from tests.support import http_status
+from tests.support.agents import claude, codex, install_claude, install_codex
 
 pytestmark = pytest.mark.integration
 

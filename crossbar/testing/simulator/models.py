@@ -39,7 +39,7 @@ class Model:
     unload_waiters: list[Deferred[None]] = field(default_factory=list)
 
 
-class Limits(Protocol):
+class ModelLimits(Protocol):
     """The host's settings for loading, read at every load: tests change them at any time."""
 
     load_time: float
@@ -56,7 +56,9 @@ def check_status(status: str, what: str = "status") -> None:
 class ModelTable:
     """Every model of one host, in the order given, and their loads and unloads."""
 
-    def __init__(self, clock: IReactorTime, limits: Limits, statuses: Mapping[str, str]) -> None:
+    def __init__(
+        self, clock: IReactorTime, limits: ModelLimits, statuses: Mapping[str, str]
+    ) -> None:
         for model_id, status in statuses.items():
             check_status(status, f"model {model_id!r}: status")
         self.models = {m: Model(m, "unloaded") for m in statuses}

@@ -1,0 +1,155 @@
+"""The status page's usage tables: per key and per route, the tokens of today and of this
+week, read from the usage store.
+
+The page reloads every few seconds; the store is read at most every
+:data:`REFRESH_SECONDS`, on its own thread, and the page shows the last answer it has
+(none yet, the first time): a page load never waits for the disk. "Today" and "this
+week" begin at midnight and at Monday's midnight in the machine's time zone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.web.template import Flattenable, Tag, tags
+
+from crossbar.usage.ledger import UsageLedger
+
+REFRESH_SECONDS = 10.0
+log = Logger()
+
+
+@attrs.frozen
+class Tokens:
+    requests: int = 0
+    prompt: int = 0
+    cached: int = 0
+    generated: int = 0
+
+    def __add__(self, other: Tokens) -> Tokens:
+        return Tokens(
+            *(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other), strict=True))
+        )
+
+
+@attrs.frozen
+class UsageTotals:
+    """Each key's and each route's tokens, ``(today, this week)``."""
+
+    keys: Mapping[str, tuple[Tokens, Tokens]]
+    routes: Mapping[str, tuple[Tokens, Tokens]]
+
+
+UsageView = UsageTotals | str | None
+"""What the page shows: totals, why usage is not kept, or ``None``: not read yet."""
+
+
+def day_and_week(now: float, zone: tzinfo | None = None) -> tuple[float, float]:
+    """When today and this week (from Monday) began, in ``zone`` (the machine's: None)."""
+    moment = datetime.fromtimestamp(now, zone)
+    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    monday = midnight - timedelta(days=midnight.weekday())  # naive: read as local time
+    return midnight.timestamp(), monday.timestamp()
+
+
+def totals(today: Sequence[Mapping[str, Any]], week: Sequence[Mapping[str, Any]]) -> UsageTotals:
+    """The store's sums by route and key, folded per key and per route."""
+    keys: dict[str, list[Tokens]] = {}
+    routes: dict[str, list[Tokens]] = {}
+    for i, rows in enumerate((today, week)):
+        for row in rows:
+            tokens = Tokens(row["requests"], row["prompt_tokens"], row["cached_tokens"],
+                            row["completion_tokens"])  # fmt: skip
+            for table, name in ((keys, row["key"]), (routes, row["route"])):
+                pair = table.setdefault(name, [Tokens(), Tokens()])
+                pair[i] += tokens
+    return UsageTotals(
+        {name: (p[0], p[1]) for name, p in sorted(keys.items())},
+        {name: (p[0], p[1]) for name, p in sorted(routes.items())},
+    )
+
+
+class UsageTables:
+    """The last totals read from ``ledger``, read again when older than
+    :data:`REFRESH_SECONDS`."""
+
+    def __init__(
+        self, ledger: UsageLedger | None, clock: IReactorTime, zone: tzinfo | None = None
+    ) -> None:
+        self._ledger, self._clock, self._zone = ledger, clock, zone
+        self._totals: UsageTotals | None = None
+        self._read_at = -REFRESH_SECONDS
+        self._reading = False
+
+    def current(self) -> UsageView:
+        ledger = self._ledger
+        if ledger is None:
+            return "usage_db is off"
+        if ledger.off is not None:
+            return ledger.off
+        now = self._clock.seconds()
+        if not self._reading and now - self._read_at >= REFRESH_SECONDS:
+            self._reading, self._read_at = True, now
+            Deferred.fromCoroutine(self._read(ledger, now))
+        return self._totals
+
+    async def _read(self, ledger: UsageLedger, now: float) -> None:
+        day, week = day_and_week(now, self._zone)
+        by = ("route", "key")
+        both = [ledger.query(day, now + 60, by), ledger.query(week, now + 60, by)]
+        try:
+            today, this_week = await gatherResults(both, consumeErrors=True)
+        except FirstError as e:
+            why = str(e.subFailure.value)[:300]
+            log.warn("usage store: cannot read it for the status page: {why}", why=why)
+        else:
+            self._totals = totals(today, this_week)
+        finally:
+            self._reading = False
+
+
+def usage_tables(view: UsageView) -> Flattenable:
+    """The section: two tables, or a line saying why there are none."""
+    head = tags.h2("Tokens today and this week")
+    if view is None:
+        return [head, tags.p("Reading the usage store\u2026", class_="muted")]
+    if isinstance(view, str):
+        return [head, tags.p(f"Usage is not kept: {view}.", class_="muted", id="usage-off")]
+    note = ("Tokens since midnight and since Monday (this machine's time), from the usage "
+            "store: every worker's, up to a few seconds behind.")  # fmt: skip
+    return [
+        head,
+        tags.p(note, class_="muted"),
+        _table("usage-keys", "Key", view.keys),
+        _table("usage-routes", "Route", view.routes),
+    ]
+
+
+def _table(id_: str, what: str, rows: Mapping[str, tuple[Tokens, Tokens]]) -> Tag:
+    head = tags.thead(tags.tr(tags.th(what), tags.th("Today"), tags.th("This week")))
+    lines = [
+        tags.tr(
+            tags.td(name, **{"data-label": what}),
+            tags.td(_tokens(today), **{"data-label": "Today"}),
+            tags.td(_tokens(week), **{"data-label": "This week"}),
+        )
+        for name, (today, week) in rows.items()
+    ]
+    empty = tags.tr(tags.td("none yet", class_="muted", colspan="3"))
+    body = tags.tbody(*(lines or [empty]))
+    return tags.table(head, body, id=id_)
+
+
+def _tokens(tokens: Tokens) -> Flattenable:
+    """``12,345 prompt (80% cached), 2,100 generated, 40 requests``."""
+    if not tokens.requests:
+        return tags.span("none", class_="muted")
+    cached = f" ({tokens.cached / tokens.prompt:.0%} cached)" if tokens.prompt else ""
+    requests = "1 request" if tokens.requests == 1 else f"{tokens.requests:,} requests"
+    return f"{tokens.prompt:,} prompt{cached}, {tokens.generated:,} generated, {requests}"

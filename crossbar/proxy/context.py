@@ -1,0 +1,38 @@
+"""What every proxied request works with, built once by the composition root."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+
+from crossbar.config import Config, HostSettings
+from crossbar.http.headers import host_keys
+from crossbar.polling.health import HealthTable
+from crossbar.queueing.traffic import Traffic
+from crossbar.queueing.waits import Waits
+from crossbar.stats.record import ProxyObserver
+from crossbar.upstream import Upstreams
+
+
+@attrs.frozen
+class ProxyContext:
+    """Everything an exchange works with, built once by the composition root."""
+
+    config: Config
+    table: HealthTable
+    traffic: Traffic
+    upstreams: Upstreams
+    clock: IReactorTime
+    observer: ProxyObserver
+    waits: Waits | None = None
+    """Where requests wait for a slot; ``None``: every request is sent on at once."""
+    settings: Mapping[str, HostSettings] = attrs.field(
+        init=False, default=attrs.Factory(lambda self: self.table.settings, takes_self=True)
+    )
+    """The table's per-host settings, read several times per request: kept at hand."""
+    host_keys: Mapping[str, bytes] = attrs.field(
+        init=False, default=attrs.Factory(lambda self: host_keys(self.config), takes_self=True)
+    )
+    """The ``Authorization`` line of each host that has an ``api_key``."""

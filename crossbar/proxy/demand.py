@@ -1,0 +1,95 @@
+"""What one request asks of crossbar, read once from its target, head and body: its
+route, the path it is for, the model the host is chosen by, its conversation, and what
+goes to the host (the body, the headers, the client's credentials where they may)."""
+
+from __future__ import annotations
+
+import attrs
+from twisted.web import server
+
+from crossbar.config import Config, RouteConfig
+from crossbar.http.headers import (
+    BODYLESS,
+    BadTarget,
+    RoutePath,
+    parse_target,
+    trusted_proxy,
+    upstream_headers,
+)
+from crossbar.http.request import release_body
+from crossbar.proxy.modelname import with_model
+from crossbar.proxy.shapes import SHAPES, Shape, read_body
+from crossbar.routing.policies import Conversation
+
+
+@attrs.define
+class Asked:
+    """A request, as crossbar reads it."""
+
+    model: str | None = None
+    """The model the choice of host goes by: the body's, else the route's default."""
+    asked: str | None = None
+    """The model the request's body asks for (the route's default filled in), if it is
+    a JSON object; a GET of /v1/models asks for none."""
+    conversation: Conversation | None = None
+    """The conversation, on a route whose policy places by it."""
+    body: bytes | None = None
+    """What is forwarded (the route's default model filled in); ``None``: no body."""
+    url_rest: bytes = b""
+    headers: bytes = b""
+    """The lines for the host, less credentials."""
+    credentials: bytes = b""
+    """The client's own credential lines, for a host without a key of its own."""
+    client: str = "unknown"
+    api: str = ""
+    """The API of its path (``chat``, ``anthropic``...: :data:`crossbar.proxy.shapes.SHAPES`)."""
+
+
+def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape | None]:
+    """The route a target names (a JSON 404 otherwise), and the shape of its path
+    (``None``: a path crossbar does not forward)."""
+    target = parse_target(uri)
+    route = config.routes.get(target.route)
+    if route is None:
+        raise BadTarget(404, "unknown route")
+    return route, target, SHAPES.get(target.rest)
+
+
+def read_request(
+    request: server.Request,
+    config: Config,
+    route: RouteConfig,
+    target: RoutePath,
+    shape: Shape,
+    conversations: bool,
+) -> Asked:
+    """Everything that needs no host: the model, the conversation (``conversations``:
+    the route's policy places by it), and what is sent on."""
+    method = request.method
+    body = request.content.getvalue() if request.content is not None else b""
+    found = Asked(route.default_model, api=shape.name)
+    default = route.default_model
+    if body and method not in (b"GET", b"HEAD"):
+        facts = read_body(shape, body, default, conversations and method == b"POST")
+        peek = facts.peek
+        if peek.model is not None:
+            found.model = found.asked = peek.model
+        elif peek.missing and default is not None:
+            body = with_model(body, default)
+            found.asked = default
+            release_body(request, keep_reserved=True)  # the copy is the one kept
+        found.conversation = facts.conversation
+    if body or method not in BODYLESS:
+        found.body = body
+    found.url_rest = target.rest + (b"?" + target.query if target.query else b"")
+    found.client = client = getattr(request.getClientAddress(), "host", None) or "unknown"
+    proxies = config.trusted_proxies
+    found.headers, credentials = upstream_headers(
+        request.requestHeaders.getAllRawHeaders(),
+        client,
+        request.isSecure(),
+        bool(proxies) and trusted_proxy(client, proxies),
+    )
+    if not route.api_keys:  # a key for crossbar is never one for a host
+        found.credentials = credentials
+    return found

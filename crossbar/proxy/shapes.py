@@ -1,0 +1,174 @@
+"""The API paths crossbar forwards, and how to read each one's request body.
+
+One table: for each path, whether its body is JSON naming a model (the route's default
+model is filled into it) and, for the APIs whose requests continue a conversation, how to
+find that conversation (its key and turn, for ``cache_affinity``). A body is decoded once,
+by msgspec, reading only the fields its shape names and skipping the rest in C: the model,
+the stream flag and, when the route's policy asks, the conversation's fields.
+
+A path not in the table is not forwarded (404): llama-server has endpoints a shared
+proxy must not pass on, such as its resumable stream sessions (``/v1/stream``), which
+would let one key holder replay or end another's answer and keep a GPU generating after
+its client left. A new API is one entry here. Pure rules, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import msgspec
+
+from crossbar.proxy.conversation import (
+    ERRORS,
+    anthropic_conversation,
+    chat_conversation,
+    completion_conversation,
+    responses_conversation,
+)
+from crossbar.proxy.modelname import NOTHING, Peek, json_view, model_of
+from crossbar.routing.policies import Conversation
+
+
+class _Plain(msgspec.Struct):
+    """The fields every JSON body is read for; every other key is skipped unbuilt."""
+
+    model: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    """Its JSON text, a view into the body: a huge non-string costs nothing either."""
+    stream: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Chat(_Plain):
+    messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Completion(_Plain):
+    prompt: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Anthropic(_Plain):
+    system: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Responses(_Plain):
+    instructions: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    input: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+@attrs.frozen
+class BodyFacts:
+    """What crossbar reads of a request's body."""
+
+    peek: Peek
+    """Its model, or that it has none (:func:`crossbar.proxy.modelname.peek_model`'s rules)."""
+    stream: bool = False
+    """It asks for a streamed answer (``"stream": true``)."""
+    conversation: Conversation | None = None
+    """The conversation it continues, when asked for and its API has one."""
+
+
+NO_FACTS = BodyFacts(NOTHING)
+
+
+def _read_chat(model: str | None, body: Any) -> Conversation | None:
+    messages = body.messages
+    return None if messages is msgspec.UNSET else chat_conversation(model, messages)
+
+
+def _read_completion(model: str | None, body: Any) -> Conversation | None:
+    prompt = body.prompt
+    return None if prompt is msgspec.UNSET else completion_conversation(model, prompt)
+
+
+def _read_anthropic(model: str | None, body: Any) -> Conversation | None:
+    if body.messages is msgspec.UNSET:
+        return None
+    system = None if body.system is msgspec.UNSET else body.system
+    return anthropic_conversation(model, system, body.messages)
+
+
+def _read_responses(model: str | None, body: Any) -> Conversation | None:
+    if body.input is msgspec.UNSET:
+        return None
+    instructions = None if body.instructions is msgspec.UNSET else body.instructions
+    return responses_conversation(model, instructions, body.input)
+
+
+@attrs.frozen
+class Shape:
+    """How crossbar reads the request bodies of one API path."""
+
+    name: str
+    names_model: bool = True
+    """Its body is a JSON object with a top-level ``"model"``."""
+    decoder: msgspec.json.Decoder[Any] | None = None
+    """Reads the fields of a body with a conversation, in the same pass as the model."""
+    conversation: Callable[[str | None, Any], Conversation | None] | None = None
+    """Finds the conversation in what :attr:`decoder` read."""
+
+
+_PLAIN = msgspec.json.Decoder(_Plain)
+CHAT = Shape("chat", decoder=msgspec.json.Decoder(_Chat), conversation=_read_chat)
+COMPLETION = Shape(
+    "completion", decoder=msgspec.json.Decoder(_Completion), conversation=_read_completion
+)
+ANTHROPIC = Shape(
+    "anthropic", decoder=msgspec.json.Decoder(_Anthropic), conversation=_read_anthropic
+)
+RESPONSES = Shape(
+    "responses", decoder=msgspec.json.Decoder(_Responses), conversation=_read_responses
+)
+_MODEL = Shape("model")
+_NO_BODY = Shape("no body", names_model=False)
+_FORM = Shape("form", names_model=False)
+"""A multipart form (a transcription): forwarded as it is."""
+
+SHAPES: Mapping[bytes, Shape] = {
+    b"/v1/chat/completions": CHAT,
+    b"/v1/completions": COMPLETION,
+    b"/v1/chat/completions/input_tokens": _MODEL,
+    b"/v1/messages": ANTHROPIC,
+    b"/v1/messages/count_tokens": _MODEL,
+    b"/v1/responses": RESPONSES,
+    b"/v1/responses/input_tokens": _MODEL,
+    b"/v1/embeddings": _MODEL,
+    b"/v1/rerank": _MODEL,
+    b"/v1/reranking": _MODEL,
+    b"/v1/audio/transcriptions": _FORM,
+    b"/v1/models": _NO_BODY,
+    b"/v1/health": _NO_BODY,
+    b"/health": _NO_BODY,
+    b"/props": _NO_BODY,
+}
+"""Every path crossbar forwards (the route's part of it), with its body's shape."""
+
+
+def read_body(shape: Shape, body: bytes, model: str | None, conversations: bool) -> BodyFacts:
+    """What ``body`` says, decoded once; its conversation only when ``conversations``
+    (the route's policy places by it) and the shape has one. ``model`` is the route's
+    default, for a body that names none (the key is the model the request is for)."""
+    if not shape.names_model or not body:
+        return NO_FACTS
+    wanted = conversations and shape.decoder is not None
+    decoder = shape.decoder if wanted and shape.decoder is not None else _PLAIN
+    try:
+        top = decoder.decode(json_view(body))
+    except ERRORS:
+        return NO_FACTS
+    peek = model_of(top.model)
+    stream = top.stream is not msgspec.UNSET and bytes(top.stream) == b"true"
+    conversation = None
+    if wanted and shape.conversation is not None:
+        conversation = shape.conversation(peek.model or model, top)
+    return BodyFacts(peek, stream, conversation)
+
+
+def read_conversation(path: bytes, body: bytes, model: str | None) -> Conversation | None:
+    """The conversation of a request to ``path`` (the route's part) with ``body``, for a
+    request for ``model`` (the route's default filled in), or ``None``."""
+    shape = SHAPES.get(path)
+    if shape is None:
+        return None
+    return read_body(shape, body, model, conversations=True).conversation

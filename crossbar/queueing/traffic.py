@@ -1,0 +1,109 @@
+"""What the proxy is carrying now: requests in flight per host (and per host and model,
+against its slots), and the routes' policies with their state (each route's round-robin
+turn, where ``cache_affinity`` conversations went). The proxy changes it; the pages and
+metrics read it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from crossbar.queueing.queue import FairQueue
+from crossbar.routing.placement import Occupancy
+from crossbar.routing.policies import Policies
+
+MAX_LAST_USED = 4096
+"""Host and model pairs whose last use is kept: a lab's hosts times its models."""
+
+
+class Traffic:
+    """Counters kept as plain dicts: they are read and written on every request."""
+
+    def __init__(
+        self, hosts: Iterable[str], routes: Iterable[str], slots: Mapping[str, int] | None = None
+    ) -> None:
+        self.in_flight: dict[str, int] = dict.fromkeys(hosts, 0)
+        self.busy: dict[tuple[str, str | None], int] = {}
+        """Requests in flight per host and model (a model's slots are its own in router
+        mode); an entry goes with its last request, so a client's made-up model names
+        cannot grow it."""
+        self.last_used: dict[tuple[str, str | None], float] = {}
+        """When each host last started or ended a request for each model (the clock's
+        seconds): how long a loaded model has been idle. Held to :data:`MAX_LAST_USED`."""
+        self.slots: dict[str, int] = dict(slots or {})
+        """Each host's ``slots:`` from the config."""
+        self.freed: Callable[[str, str | None], None] | None = None
+        """Told when a request leaves a host: one of its slots for that model is free."""
+        self.usage = Occupancy(self.busy, self.last_used, self.slots)
+        """A live view of both, for the policies' choice of where to load a model."""
+        self.policies = Policies(routes, slots, self.usage)
+        """One of each policy, with its state; a route asks its own."""
+        self.queue: FairQueue[Any] = FairQueue()
+        """Requests waiting in crossbar for a slot (:mod:`crossbar.queueing.waits`): it
+        outlives a reload, as they do."""
+
+        self.leaving: dict[str, Callable[[str], None]] = {}
+        """Hosts gone from the config that still carry requests, each with what to call
+        once its last one ends."""
+
+    def set_hosts(
+        self,
+        hosts: Iterable[str],
+        routes: Iterable[str],
+        slots: Mapping[str, int],
+        gone: Callable[[str], None],
+    ) -> list[str]:
+        """Take a reloaded config's hosts and routes, in place (requests in flight keep
+        counting here). A host no longer configured is dropped at once when idle, or
+        left counting until its last request ends, then ``gone(name)`` is called.
+        Returns the hosts left counting."""
+        hosts = list(hosts)
+        for name in hosts:
+            self.in_flight.setdefault(name, 0)
+            self.leaving.pop(name, None)  # configured again
+        left = []
+        for name in [n for n in self.in_flight if n not in hosts]:
+            if self.in_flight[name]:
+                self.leaving[name] = gone
+                left.append(name)
+            else:
+                del self.in_flight[name]
+                self.leaving.pop(name, None)
+        self.slots.clear()  # in place: the usage view reads it
+        self.slots.update(slots)
+        self.policies.reload(routes, slots)
+        return left
+
+    def move(
+        self, old: str | None, new: str | None, model: str | None = None, now: float | None = None
+    ) -> None:
+        """A request for ``model`` leaves host ``old`` (if any) for host ``new`` (if any),
+        at ``now`` (when given: ``old``'s last use of the model; while one is in flight,
+        the model is busy there, and its last use is not read)."""
+        busy = self.busy
+        if old is not None and now is not None:
+            self._used(old, model, now)
+        if old is not None:
+            self.in_flight[old] -= 1
+            left = busy[old, model] - 1
+            if left:
+                busy[old, model] = left
+            else:
+                del busy[old, model]
+            if old in self.leaving and not self.in_flight[old]:
+                del self.in_flight[old]
+                self.leaving.pop(old)(old)
+        if new is not None:
+            self.in_flight[new] += 1
+            busy[new, model] = busy.get((new, model), 0) + 1
+        if old is not None and self.freed is not None:
+            self.freed(old, model)
+
+    def _used(self, host: str, model: str | None, now: float) -> None:
+        last = self.last_used
+        last.pop((host, model), None)  # re-inserted last: the dict stays oldest first
+        last[host, model] = now
+        if len(last) > MAX_LAST_USED:  # clients' made-up model names: the oldest idle go
+            idle = [k for k in last if k not in self.busy][: len(last) - MAX_LAST_USED // 2]
+            for key in idle:
+                del last[key]

@@ -1,0 +1,270 @@
+"""Claude Code and Codex through crossbar: ``claude -p`` and ``codex exec`` against ``--demo``,
+and what each prints when crossbar itself refuses a request.
+
+Both are installed from npm at pinned versions, once, into the cache outside the repository
+(``${LLAMA_CROSSBAR_CACHE:-$HOME/.cache/llama-crossbar}/claude-code-<version>/`` and
+``codex-<version>/``, about 360 and 400 MB unpacked); when npm cannot install them the tests
+are skipped with the reason, or fail when ``CROSSBAR_REQUIRE_OPENCODE`` is set, as OpenCode's
+(``tests/system/test_opencode.py``). Each run is sandboxed (see :mod:`tests.support.agents`).
+
+Claude Code speaks Anthropic's Messages API (``POST /<route>/v1/messages?beta=true``) and Codex
+OpenAI's Responses API (``POST /<route>/v1/responses``); the demo's simulated hosts answer
+both as llama-server does. About 3 s a run once the cache is filled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, Daemon, demo_route_ready, free_port, http_status, start_daemon
+from tests.support.agents import (
+    claude,
+    claude_settings,
+    codex,
+    codex_config,
+    install_claude,
+    install_codex,
+)
+
+DOC = REPO / "docs" / "clients.md"
+PLACEHOLDER = "http://crossbar:7777"
+
+CROSSBAR_TIMEOUT = 30.0
+LOG_TIMEOUT = 10.0
+ALPHABET = "abcdefghijklmnopqrstuvwxyz" * 3
+
+
+@pytest.fixture(scope="module")
+def claude_bin() -> Path:
+    return install_claude()
+
+
+@pytest.fixture(scope="module")
+def codex_bin() -> Path:
+    return install_codex()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """``twistd -n crossbar --demo`` on a free loopback port, its route ready."""
+    folder = tmp_path_factory.mktemp("crossbar")
+    daemon = start_daemon(
+        folder, None, args=["--demo"], timeout=CROSSBAR_TIMEOUT, ready=demo_route_ready
+    )
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def simulated_answer(printed: str) -> bool:
+    """Whether the demo's answer (the alphabet from "a", 8 to 60 letters) was printed."""
+    return any(ALPHABET.startswith(w) for w in re.findall(r"[a-z]{8,}", printed))
+
+
+def logged(daemon: Daemon, pattern: str) -> int:
+    """How many of crossbar's access log lines match ``pattern``, once one does."""
+    line = re.compile(pattern)
+    daemon.wait(lambda: bool(line.search(daemon.output())), LOG_TIMEOUT)
+    return len(line.findall(daemon.output()))
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+def test_claude_code_answers_through_crossbar(
+    claude_bin: Path, demo: Daemon, tmp_path: Path
+) -> None:
+    run = claude(claude_bin, tmp_path, f"{demo.url}/opencode")
+    report = f"{run.report()}\ncrossbar:\n{demo.log()}"
+    assert run.code == 0, report
+    assert simulated_answer(run.out), f"no simulated answer printed\n{report}"
+    assert logged(demo, r"opencode gpu-a POST /v1/messages 200 \d+ms") >= 1, report
+    assert "Traceback" not in demo.output(), report
+
+
+def test_codex_answers_through_crossbar(codex_bin: Path, demo: Daemon, tmp_path: Path) -> None:
+    run = codex(codex_bin, tmp_path, f"{demo.url}/opencode/v1")
+    report = f"{run.report()}\ncrossbar:\n{demo.log()}"
+    assert run.code == 0, report
+    assert simulated_answer(run.out), f"no simulated answer printed\n{report}"
+    assert logged(demo, r"opencode gpu-a POST /v1/responses 200 \d+ms") >= 1, report
+    assert "Traceback" not in demo.output(), report
+
+
+# -- crossbar's own errors, as each agent prints them -------------------------------------------
+
+
+class _Host(BaseHTTPRequestHandler):
+    """A host that is healthy to polls and answers requests wrong: ``hang`` never answers
+    (crossbar: 504), ``bad`` answers what is not HTTP (crossbar: 502). In the config they
+    are ``gpu-b`` and ``gpu-a``, the names docs/clients.md shows in the errors."""
+
+    server: _HostServer
+
+    def do_GET(self) -> None:
+        body = b'{"status":"ok"}' if self.path == "/health" else b'{"data":[],"object":"list"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.server.mode == "hang":
+            self.server.stopping.wait(60)
+        else:
+            self.wfile.write(b"HTTP/1.1 999 Nonsense\r\n\r\n")
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _HostServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, mode: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Host)
+        self.mode = mode
+        self.stopping = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Base URLs (without ``/v1``) where crossbar answers each error status itself."""
+    hosts = [_HostServer("hang"), _HostServer("bad")]
+    for server in hosts:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    hang, bad = hosts
+    down = f"http://127.0.0.1:{free_port()}"
+    plain = start_daemon(
+        tmp_path_factory.mktemp("crossbar"),
+        f"poll_interval: 250ms\nhosts:\n  down: {down}\n"
+        f"  gpu-a: {{url: {bad.url}, max_fails: 1000}}\n"
+        f"  gpu-b: {{url: {hang.url}, header_timeout: 1s, max_fails: 1000}}\n"
+        "routes:\n  lab: {hosts: [down]}\n  broken: {hosts: [gpu-a]}\n  slow: {hosts: [gpu-b]}\n",
+    )
+    keyed = start_daemon(
+        tmp_path_factory.mktemp("crossbar"),
+        f"max_body: 1KiB\napi_keys: [right-key]\nhosts:\n  down: {down}\n"
+        "routes:\n  lab: {hosts: [down]}\n",
+    )
+    try:
+        for route in ("slow", "broken"):
+            ready = plain.wait(
+                lambda r=route: http_status(f"{plain.url}/{r}/v1/models") == 200, CROSSBAR_TIMEOUT
+            )
+            assert ready, plain.log()
+        yield {
+            "401": f"{keyed.url}/lab wrong-key",
+            "413": f"{keyed.url}/lab right-key",
+            "404": f"{plain.url}/nope unused",
+            "503": f"{plain.url}/lab unused",
+            "502": f"{plain.url}/broken unused",
+            "504": f"{plain.url}/slow unused",
+        }
+    finally:
+        plain.stop()
+        keyed.stop()
+        for server in hosts:
+            server.stopping.set()
+            server.shutdown()
+            server.server_close()
+
+
+PRINTED = {
+    "claude": {
+        "401": "Failed to authenticate. API Error: 401 unauthorized",
+        "404": "There's an issue with the selected model (qwen3-coder-30b). It may not exist",
+        "413": "Request too large (max 32MB).",
+        "502": "API Error: 502 upstream failed (host gpu-a).",
+        "503": "API Error: 503 no healthy host.",
+        "504": "API Error: 504 upstream timeout (host gpu-b).",
+    },
+    "codex": {
+        "401": 'ERROR: unexpected status 401 Unauthorized: {"error":"unauthorized"}',
+        "404": 'ERROR: unexpected status 404 Not Found: {"error":"unknown route"}',
+        "413": 'ERROR: unexpected status 413 Payload Too Large: {"error":"body too large"}',
+        "502": 'ERROR: unexpected status 502 Bad Gateway: {"error":"upstream failed",'
+        '"host":"gpu-a"}',
+        "503": 'ERROR: unexpected status 503 Service Unavailable: {"error":"no healthy host"}',
+        "504": 'ERROR: unexpected status 504 Gateway Timeout: {"error":"upstream timeout",'
+        '"host":"gpu-b"}',
+    },
+}
+"""What each agent prints on each of crossbar's errors, as docs/clients.md lists it: crossbar's
+words (Claude Code's ``API Error: <status> <message>`` of Anthropic's shape, Codex's body as
+it came), but for Claude Code's own words on a 404 and a 413."""
+
+
+@pytest.mark.parametrize("status", list(PRINTED["claude"]))
+@pytest.mark.parametrize("agent", list(PRINTED))
+def test_crossbars_errors_reach_the_person(
+    agent: str,
+    status: str,
+    refusing: dict[str, str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Each agent, its retries off, exits 1 on crossbar's own error and prints what
+    :data:`PRINTED` says (also in the test's output, ``pytest -rP``)."""
+    base, key = refusing[status].split()
+    if agent == "claude":
+        run = claude(request.getfixturevalue("claude_bin"), tmp_path, base, key, retries=0)
+    else:
+        run = codex(request.getfixturevalue("codex_bin"), tmp_path, f"{base}/v1", key, retries=0)
+    lines = [line for line in run.out.splitlines() + run.err.splitlines() if line.strip()]
+    said = [line for line in lines if status in line] or run.out.strip().splitlines()[-3:]
+    print(f"{agent} on crossbar's {status}: exit {run.code}")
+    print("\n".join(dict.fromkeys(said)))
+    assert run.code == 1, run.report()
+    expected = PRINTED[agent][status]
+    assert any(expected in line for line in lines), f"expected {expected!r}\n{run.report()}"
+
+
+# -- the documentation --------------------------------------------------------------------------
+
+
+def _doc_block(marker: str) -> str:
+    found = re.search(rf"<!-- {marker} -->\s*\n```\w+\n(.*?)\n```", DOC.read_text(), re.S)
+    assert found, f"docs/clients.md has no block marked <!-- {marker} -->"
+    return found.group(1)
+
+
+def test_docs_give_what_the_tests_run() -> None:
+    """docs/clients.md's Claude Code and Codex settings are the ones run here, word for word."""
+    block = _doc_block("claude-code")
+    *exports, command = block.splitlines()
+    assert command == 'claude -p "say hi"'
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    shown = subprocess.run(
+        ["sh", "-c", "\n".join([*exports, "env"])], capture_output=True, env=env, check=True
+    )
+    documented = dict(line.split("=", 1) for line in shown.stdout.decode().splitlines())
+    expected = claude_settings(f"{PLACEHOLDER}/opencode", "unused")
+    assert {k: documented.get(k) for k in expected} == expected
+    assert set(documented) - set(expected) <= {"PATH", "PWD", "SHLVL", "_", "OLDPWD"}
+    assert _doc_block("codex") + "\n" == codex_config(f"{PLACEHOLDER}/opencode/v1")
+
+
+def test_docs_list_what_each_agent_prints_on_crossbar_s_errors() -> None:
+    """docs/clients.md's table of crossbar's errors has each agent's words, as run above."""
+    text = DOC.read_text()
+    section = text.split("\n## When crossbar refuses a request\n", 1)[1].split("\n## ", 1)[0]
+    for agent, printed in PRINTED.items():
+        for status, words in printed.items():
+            assert words in section, f"docs/clients.md lacks {agent}'s {status}: {words}"

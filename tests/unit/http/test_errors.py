@@ -1,0 +1,170 @@
+"""crossbar.http.errors: crossbar's own errors in the shape the client's API reads, as a
+rule and on the wire: each of 401, 404, 413, 502, 503 and 504 sent through crossbar's site
+and exchange in memory (crossbar.testing.MemoryProxy), on Claude Code's, Codex's and the chat
+completions' paths. What each agent then prints is in tests/system/test_agents.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crossbar.config import parse_config
+from crossbar.http.errors import error_payload
+from crossbar.http.keys import KeyGuard
+from crossbar.testing import ClientLine, MemoryProxy
+
+
+def test_the_openai_apis_and_the_rest_get_the_plain_shape() -> None:
+    assert error_payload(b"/v1/chat/completions", 502, "upstream failed", {"host": "gpu-a"}) == {
+        "error": "upstream failed",
+        "host": "gpu-a",
+    }
+    assert error_payload(b"/lab/v1/responses", 401, "unauthorized") == {"error": "unauthorized"}
+
+
+def test_the_messages_api_gets_anthropic_s_shape_with_the_same_words() -> None:
+    """Claude Code shows ``error.message`` of this shape, and raw JSON of any other."""
+    found = error_payload(b"/v1/messages", 502, "upstream failed", {"host": "gpu-a"})
+    assert found == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "upstream failed (host gpu-a)"},
+    }
+    assert error_payload(b"/lab/v1/messages/count_tokens", 503, "no healthy host") == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "no healthy host"},
+    }
+    assert error_payload(b"/lab/v1/messages", 401, "unauthorized")["error"] == {
+        "type": "authentication_error",
+        "message": "unauthorized",
+    }
+
+
+# -- on the wire: each error crossbar makes, through its site and exchange -------------------
+
+KEY = b"lab-key-of-twenty-four-b"
+MESSAGES = b"/lab/v1/messages?beta=true"  # as Claude Code asks
+COUNT_TOKENS = b"/lab/v1/messages/count_tokens?beta=true"
+RESPONSES = b"/lab/v1/responses"  # as Codex asks
+INPUT_TOKENS = b"/lab/v1/responses/input_tokens"
+CHAT = b"/lab/v1/chat/completions"
+BODY = b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}'
+
+
+def keyed_proxy() -> MemoryProxy:
+    """Two hosts with model ``m``, a route wanting ``KEY``, bodies up to 1 KiB, and the
+    guard a listener of this config has."""
+    config = parse_config(
+        {
+            "hosts": {"gpu-a": "http://127.0.0.1:18081", "gpu-b": "http://127.0.0.1:18082"},
+            "routes": {"lab": {"hosts": ["gpu-a", "gpu-b"], "api_keys": [KEY.decode()]}},
+            "header_timeout": 60,
+            "max_body": "1KiB",
+        }
+    )
+    proxy = MemoryProxy(config, models=("m",))
+    proxy.site.guard = KeyGuard.for_config(config)
+    return proxy
+
+
+def send(proxy: MemoryProxy, path: bytes, key: bytes = KEY, body: bytes = BODY) -> ClientLine:
+    client = proxy.client()
+    head = b"POST %s HTTP/1.1\r\nHost: crossbar\r\nAuthorization: Bearer %s\r\n" % (path, key)
+    client.send(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return client
+
+
+def unauthorized(proxy: MemoryProxy, path: bytes) -> ClientLine:
+    return send(proxy, path, key=b"wrong-key")
+
+
+def unknown_route(proxy: MemoryProxy, path: bytes) -> ClientLine:
+    return send(proxy, path.replace(b"/lab/", b"/nowhere/", 1))
+
+
+def too_large(proxy: MemoryProxy, path: bytes) -> ClientLine:
+    return send(proxy, path, body=BODY + b" " * 1024)
+
+
+def upstream_failed(proxy: MemoryProxy, path: bytes) -> ClientLine:
+    client = send(proxy, path)
+    proxy.refuse()
+    proxy.refuse()
+    return client
+
+
+def no_healthy_host(proxy: MemoryProxy, path: bytes) -> ClientLine:
+    for host in ("gpu-a", "gpu-b"):
+        proxy.table.mark_down(host, "gone")
+    return send(proxy, path)
+
+
+def upstream_timeout(proxy: MemoryProxy, path: bytes) -> ClientLine:
+    client = send(proxy, path)
+    proxy.accept()
+    proxy.clock.advance(60)
+    return client
+
+
+CAUSES = {
+    401: unauthorized,
+    404: unknown_route,
+    413: too_large,
+    502: upstream_failed,
+    503: no_healthy_host,
+    504: upstream_timeout,
+}
+ANTHROPIC = {
+    401: ("authentication_error", "unauthorized"),
+    404: ("not_found_error", "unknown route"),
+    413: ("request_too_large", "body too large"),
+    502: ("api_error", "upstream failed (host gpu-b)"),
+    503: ("overloaded_error", "no healthy host"),
+    504: ("api_error", "upstream timeout (host gpu-a)"),
+}
+PLAIN = {
+    401: {"error": "unauthorized"},
+    404: {"error": "unknown route"},
+    413: {"error": "body too large"},
+    502: {"error": "upstream failed", "host": "gpu-b"},
+    503: {"error": "no healthy host"},
+    504: {"error": "upstream timeout", "host": "gpu-a"},
+}
+
+
+def answer(client: ClientLine) -> tuple[int, bytes, object]:
+    """Status, ``Content-Type`` and JSON body of crossbar's answer."""
+    head, _, body = client.received.partition(b"\r\n\r\n")
+    status_line, *lines = head.split(b"\r\n")
+    headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines)}
+    return int(status_line.split()[1]), headers[b"content-type"], json.loads(body)
+
+
+@pytest.mark.parametrize("path", [MESSAGES, COUNT_TOKENS])
+@pytest.mark.parametrize("status", sorted(CAUSES))
+def test_claude_code_gets_each_of_crossbar_s_errors_in_anthropic_s_shape(
+    status: int, path: bytes
+) -> None:
+    """Claude Code prints ``API Error: <status> <error.message>`` of this shape (raw JSON
+    of any other): the message is crossbar's words."""
+    proxy = keyed_proxy()
+    client = CAUSES[status](proxy, path)
+    kind, words = ANTHROPIC[status]
+    found = answer(client)
+    assert found == (
+        status,
+        b"application/json",
+        {"type": "error", "error": {"type": kind, "message": words}},
+    )
+
+
+@pytest.mark.parametrize("path", [RESPONSES, INPUT_TOKENS, CHAT])
+@pytest.mark.parametrize("status", sorted(CAUSES))
+def test_codex_and_the_openai_clients_get_each_of_crossbar_s_errors_as_plain_words(
+    status: int, path: bytes
+) -> None:
+    """Codex prints the body as it came (``unexpected status 503 Service Unavailable:
+    {"error":"no healthy host"}``), the OpenAI SDKs the ``error`` text: plain JSON."""
+    proxy = keyed_proxy()
+    client = CAUSES[status](proxy, path)
+    assert answer(client) == (status, b"application/json", PLAIN[status])

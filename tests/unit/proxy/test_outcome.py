@@ -1,0 +1,95 @@
+"""crossbar.proxy.outcome: an exchange as it ended, made into its one record; each field
+from what the exchange knew, by name (the record is built by position, for speed)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import attrs
+from twisted.web.test.requesthelper import DummyRequest
+
+from crossbar.config import parse_config
+from crossbar.proxy.outcome import Ended, record_of
+from crossbar.proxy.phases import Phase
+from crossbar.routing.affinity import Placement
+from crossbar.stats.record import refused_record
+from crossbar.usage.reader import TokenUsage
+
+ROUTE = parse_config({"hosts": {"gpu-a": "http://a:1"}, "routes": {"lab": {"hosts": ["gpu-a"]}}})
+
+
+class Reader:
+    first_content = 10.25
+
+    def usage(self) -> TokenUsage:
+        return TokenUsage(
+            prompt=1200, cached=1024, generated=85, prefill_ms=None, tokens_per_second=41.5
+        )
+
+    def whole(self) -> bool:
+        return False
+
+
+def ended(**changed: Any) -> Ended:
+    request = DummyRequest([b""])
+    request.method, request.code = b"POST", 200
+    fields: dict[str, Any] = {
+        "request": request,
+        "phase": Phase.ANSWERED,
+        "route": ROUTE.routes["lab"],
+        "host": "gpu-b",
+        "started": 10.0,
+        "first_byte": 0.125,
+        "asked": "qwen",
+        "placement": Placement("gpu-b", "gpu-a", "moved"),
+        "path": b"/v1/chat/completions",
+        "tried": ["gpu-a", "gpu-b"],
+        "waited": 0.5,
+        "shed_as": None,
+        "flow": None,
+        "reader": Reader(),
+        "sent": 4096,
+    }
+    fields.update(changed)
+    return cast(Ended, type("Exchange", (), fields)())
+
+
+def test_every_field_of_the_record_comes_from_what_the_exchange_knew() -> None:
+    assert attrs.asdict(record_of(ended(), 12.0), recurse=False) == {
+        "route": "lab",
+        "host": "gpu-b",
+        "status": 200,
+        "seconds": 2.0,
+        "first_byte": 0.125,
+        "sent": 4096,
+        "model": "qwen",
+        "affinity": "moved",
+        "method": b"POST",
+        "path": b"/v1/chat/completions",
+        "tried": ("gpu-a", "gpu-b"),
+        "cut_off": False,
+        "client_left": False,
+        "moved_from": "gpu-a",
+        "refused": False,
+        "waited": 0.5,
+        "shed": None,
+        "key": None,
+        "prompt_tokens": 1200,
+        "cached_tokens": 1024,
+        "generated_tokens": 85,
+        "first_token": 0.25,
+        "tokens_per_second": 41.5,
+    }
+
+
+def test_a_client_that_left_before_the_end_is_a_499_and_a_cut_answer_says_so() -> None:
+    left = record_of(ended(phase=Phase.CLIENT_LEFT), 12.0)
+    assert (left.status, left.client_left, left.cut_off) == (499, True, False)
+    cut = record_of(ended(phase=Phase.CUT_OFF, reader=None, placement=None), 12.0)
+    assert (cut.status, cut.cut_off, cut.prompt_tokens, cut.affinity) == (200, True, None, None)
+
+
+def test_a_request_refused_at_the_door_has_a_record_of_its_own_kind() -> None:
+    record = refused_record(413, b"POST", b"/lab/v1/chat/completions")
+    assert (record.route, record.host, record.status, record.refused) == ("-", None, 413, True)
+    assert (record.method, record.path, record.seconds) == (b"POST", b"/lab/v1/chat/completions", 0)

@@ -1,0 +1,109 @@
+"""crossbar.proxy.shapes: the API paths crossbar forwards, and what it reads of each
+body, in one decode. Pure rules over bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crossbar.proxy.shapes import CHAT, COMPLETION, SHAPES, read_body, read_conversation
+
+MESSAGES = [
+    {"role": "system", "content": "You are a careful coding agent."},
+    {"role": "user", "content": "fix the parser"},
+    {"role": "assistant", "content": "done"},
+    {"role": "user", "content": "now the tests"},
+]
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+@pytest.mark.parametrize(
+    ("rest", "forwarded"),
+    [
+        (b"/v1/chat/completions", True),
+        (b"/v1/completions", True),
+        (b"/v1/messages", True),
+        (b"/v1/messages/count_tokens", True),
+        (b"/v1/responses", True),
+        (b"/v1/responses/input_tokens", True),
+        (b"/v1/chat/completions/input_tokens", True),
+        (b"/v1/embeddings", True),
+        (b"/v1/models", True),
+        (b"/health", True),
+        (b"/props", True),
+        # llama-server's resumable stream sessions: never through a shared proxy
+        (b"/v1/stream", False),
+        (b"/v1/streams/lookup", False),
+        (b"/v1", False),
+        (b"/v1/", False),
+        (b"/v1/anything-else", False),
+        (b"/slots", False),
+        (b"/metrics", False),
+        (b"/health/x", False),
+        (b"/models/load", False),
+        (b"/", False),
+    ],
+)
+def test_only_the_paths_in_the_table_are_forwarded(rest: bytes, forwarded: bool) -> None:
+    assert (rest in SHAPES) is forwarded
+
+
+def test_the_model_and_the_stream_flag_are_read() -> None:
+    facts = read_body(CHAT, body(model="qwen", stream=True, messages=MESSAGES), None, False)
+    assert (facts.peek.model, facts.peek.missing, facts.stream) == ("qwen", False, True)
+    assert facts.conversation is None  # not asked for: its fields are not even read
+
+
+def test_a_body_without_a_model_says_so() -> None:
+    facts = read_body(SHAPES[b"/v1/messages"], body(messages=MESSAGES), "dflt", False)
+    assert facts.peek.model is None and facts.peek.missing and not facts.stream
+
+
+def test_the_conversation_is_read_in_the_same_pass_when_asked() -> None:
+    facts = read_body(CHAT, body(model="qwen", messages=MESSAGES), None, True)
+    assert facts.peek.model == "qwen"
+    assert facts.conversation is not None and facts.conversation.turn == 1
+    # the key is the model the request is for: the route's default when the body has none
+    mine = read_body(CHAT, body(messages=MESSAGES), "qwen", True).conversation
+    assert mine == facts.conversation
+
+
+def test_a_completion_has_a_conversation_and_no_turn() -> None:
+    facts = read_body(COMPLETION, body(model="m", prompt="def main():"), None, True)
+    assert facts.conversation is not None and facts.conversation.turn is None
+
+
+def test_an_api_without_conversations_has_none_even_when_asked() -> None:
+    facts = read_body(SHAPES[b"/v1/embeddings"], body(model="m", input="x"), None, True)
+    assert facts.peek.model == "m" and facts.conversation is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"not json", b"[1, 2]", b'{"model": "m"} trailing', b'{"model": 3, "messages": []}'],
+)
+def test_a_body_that_is_not_a_json_object_naming_a_model_has_no_model(raw: bytes) -> None:
+    facts = read_body(CHAT, raw, "dflt", True)
+    assert facts.peek.model is None and not facts.peek.missing and facts.conversation is None
+
+
+def test_badly_shaped_messages_leave_the_model_readable() -> None:
+    """The model decides the host: a conversation that cannot be read must not lose it."""
+    facts = read_body(CHAT, body(model="qwen", messages="hi"), None, True)
+    assert facts.peek.model == "qwen" and facts.conversation is None
+
+
+def test_bodies_without_a_model_are_forwarded_as_they_are() -> None:
+    form = SHAPES[b"/v1/audio/transcriptions"]
+    facts = read_body(form, b"--boundary\r\nContent-Disposition: form-data", "dflt", True)
+    assert facts.peek.model is None and not facts.peek.missing
+
+
+def test_read_conversation_knows_only_the_paths_of_the_table() -> None:
+    raw = body(model="m", messages=MESSAGES)
+    assert read_conversation(b"/v1/chat/completions", raw, "m") is not None
+    assert read_conversation(b"/v1/stream", raw, "m") is None

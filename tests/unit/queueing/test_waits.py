@@ -1,0 +1,165 @@
+"""crossbar.queueing.waits: requests wait in crossbar when every slot of their group is
+busy, go to the first slot that frees, fairly between flows, within limits that answer
+429 in words. In memory: crossbar's own site and exchange, hosts played by the test."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from crossbar.config import parse_config
+from crossbar.queueing.waits import KEEP
+from crossbar.testing import ClientLine, HostLine, MemoryProxy
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+ALICE, BOB = "a" * 24, "b" * 24
+
+
+def proxy(slots: int | None = 1, keys: list[Any] | None = None, **route: Any) -> MemoryProxy:
+    def host(port: int) -> Any:
+        url = f"http://127.0.0.1:{port}"
+        return url if slots is None else {"url": url, "slots": slots}
+
+    keys = [{"name": "alice", "key": ALICE, "max_waiting": 2}] + (
+        keys if keys is not None else [{"name": "bob", "key": BOB, "priority": "interactive"}]
+    )
+    config = parse_config(
+        {
+            "hosts": {"gpu-a": host(18081), "gpu-b": host(18082)},
+            "api_keys": keys,
+            "routes": {"lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m", **route}},
+        }
+    )
+    return MemoryProxy(config, models=("m",))
+
+
+def ask(memory: MemoryProxy, key: str = ALICE) -> ClientLine:
+    client = memory.client()
+    body = b'{"messages":[{"role":"user","content":"hi"}]}'
+    client.send(
+        b"POST /lab/v1/chat/completions HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (key.encode(), len(body), body)
+    )
+    return client
+
+
+def answer(line: HostLine) -> None:
+    line.send(OK)
+
+
+def asked(line: HostLine) -> int:
+    """Requests sent on this (kept-alive) connection so far."""
+    return line.received.count(b"POST /v1/chat/completions")
+
+
+def test_a_request_waits_in_crossbar_and_takes_the_first_slot_that_frees() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)
+    first, second = memory.accept(), memory.accept()
+    assert {first.host, second.host} == {"gpu-a", "gpu-b"}
+    waiting = ask(memory)
+    assert memory.waiting == [] and waiting.received == b""  # no host sees it yet
+    assert (asked(first), asked(second)) == (1, 1)
+    answer(second)  # the second host frees first: the waiting request goes there
+    assert memory.records[-1].waited is None
+    assert (asked(first), asked(second)) == (1, 2)
+    answer(second)
+    record = memory.records[-1]
+    assert record.status == 200 and record.waited is not None and record.host == second.host
+    assert b"waited" not in waiting.received and waiting.received.startswith(b"HTTP/1.1 200")
+
+
+def test_a_client_that_leaves_while_waiting_is_never_sent() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)
+    a, _ = memory.accept(), memory.accept()
+    leaving = ask(memory)
+    leaving.leave()
+    memory.clock.advance(0)
+    assert memory.records[-1].status == 499
+    answer(a)
+    assert memory.waiting == []  # the freed slot has nobody to take it
+
+
+def test_past_a_holder_s_max_waiting_the_answer_is_429_in_words() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)
+    memory.accept(), memory.accept()
+    ask(memory), ask(memory)  # alice may have 2 waiting
+    third = ask(memory)
+    head, _, body = third.received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 429") and b"retry-after:" in head.lower()
+    assert json.loads(body) == {"error": json.loads(body)["error"]}
+    assert json.loads(body)["error"].startswith("alice: 2 requests already waiting")
+
+
+def test_a_wait_past_wait_timeout_is_answered_429() -> None:
+    memory = proxy(wait_timeout="5s")
+    ask(memory), ask(memory)
+    memory.accept(), memory.accept()
+    late = ask(memory)
+    memory.clock.advance(4)
+    assert late.received == b""
+    memory.clock.advance(2)
+    assert late.received.startswith(b"HTTP/1.1 429")
+    assert b"wait_timeout" in late.received
+
+
+def test_the_higher_band_goes_first_when_a_slot_frees() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)
+    a, _ = memory.accept(), memory.accept()
+    ask(memory, ALICE)  # normal, first in
+    ask(memory, BOB)  # interactive, later
+    answer(a)
+    assert asked(a) == 2  # one of the two went on the freed connection: bob's
+    assert memory.traffic.queue.flow("alice")[0] == 1  # alice's still waits
+    assert memory.traffic.queue.flow("bob")[0] == 0
+    assert b"Bearer" not in a.received  # a key for crossbar is never one for a host
+    answer(a)
+    assert memory.records[-1].waited is not None
+    memory.clock.advance(KEEP)  # bob's slot, kept for bob's next request, which never came
+    assert memory.traffic.queue.flow("alice")[0] == 0  # and then alice's
+
+
+def test_queue_off_or_unknown_slots_send_every_request_on_at_once() -> None:
+    for memory in (proxy(queue=False), proxy(slots=None)):
+        for _ in range(4):
+            ask(memory)
+        assert len(memory.waiting) == 4
+
+
+def test_waiting_and_shedding_are_counted_for_prometheus() -> None:
+    from crossbar.stats.metrics import Metrics
+
+    memory = proxy()
+    metrics = Metrics(memory.table, memory.traffic, memory.clock)
+    memory.records = []
+    ask(memory), ask(memory)
+    first, _ = memory.accept(), memory.accept()
+    ask(memory), ask(memory)
+    ask(memory)  # alice's third waiting: refused
+    text = metrics.render().decode()
+    assert 'crossbar_waiting_requests{route="lab"} 2.0' in text
+    answer(first)
+    for record in memory.records:
+        metrics.request_done(record)
+    text = metrics.render().decode()
+    assert 'crossbar_waiting_requests{route="lab"} 1.0' in text
+    assert 'crossbar_shed_requests_total{reason="limit",route="lab"} 1.0' in text
+    assert "crossbar_wait_seconds_count" not in text  # the one sent has not ended yet
+
+
+def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them() -> None:
+    memory = proxy()
+    ask(memory), ask(memory)
+    memory.accept(), memory.accept()
+    kept, stopped = ask(memory), ask(memory, BOB)
+    memory.waits.configure(memory.config)  # a reload: the routes again, nobody dropped
+    assert memory.traffic.queue.waiting() == 2
+    memory.waits.drain()
+    for client in (kept, stopped):
+        head, _, body = client.received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503")
+        assert json.loads(body) == {"error": "crossbar is stopping"}
+    assert memory.traffic.queue.waiting() == 0

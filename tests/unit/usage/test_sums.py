@@ -1,0 +1,85 @@
+"""crossbar.usage.sums: requests folded into per-minute rows, bounded while unwritten."""
+
+from __future__ import annotations
+
+import math
+
+from crossbar.stats.record import RequestRecord
+from crossbar.usage.sums import COUNTS, MinuteSums
+
+
+def used(**fields: object) -> RequestRecord:
+    base: dict[str, object] = {
+        "route": "lab", "host": "gpu-a", "status": 200, "seconds": 1.0, "model": "m",
+        "key": "alice", "prompt_tokens": 100, "cached_tokens": 60, "generated_tokens": 20,
+        "first_token": 0.5, "tokens_per_second": 40.0,
+    }  # fmt: skip
+    return RequestRecord(**(base | fields))  # type: ignore[arg-type]
+
+
+def named(sums: list[float]) -> dict[str, float]:
+    return dict(zip(COUNTS, sums, strict=True))
+
+
+def test_requests_of_one_minute_and_place_add_up() -> None:
+    sums = MinuteSums(lambda model: model == "m")
+    sums.add(used(), 120.0)
+    sums.add(used(status=502, first_token=1.5, tokens_per_second=None), 179.9)
+    sums.add(used(), 180.0)  # the next minute
+    assert sorted(sums.rows) == [
+        (120, "lab", "gpu-a", "m", "alice"),
+        (180, "lab", "gpu-a", "m", "alice"),
+    ]
+    assert named(sums.rows[120, "lab", "gpu-a", "m", "alice"]) == {
+        "requests": 2, "errors": 1, "prompt_tokens": 200, "cached_tokens": 120,
+        "completion_tokens": 40, "first_token_n": 2, "first_token_seconds": 2.0,
+        "speed_n": 1, "speed_sum": 40.0,
+    }  # fmt: skip
+
+
+def test_names_are_bounded_as_the_metrics_bound_them() -> None:
+    """A model no host lists is ``other``; no key: the route; no host, no model: ``-``."""
+    sums = MinuteSums(lambda model: model == "m")
+    sums.add(used(model="x" * 100_000), 0)
+    sums.add(used(key=None, host=None, model=None, status=401), 0)
+    assert set(sums.rows) == {(0, "lab", "gpu-a", "other", "alice"), (0, "lab", "-", "-", "lab")}
+
+
+def test_a_request_that_reported_nothing_counts_as_a_request_only() -> None:
+    sums = MinuteSums()
+    bare = RequestRecord("lab", "gpu-a", 200, 1.0, first_token=-1.0, tokens_per_second=math.inf)
+    sums.add(bare, 0)
+    assert named(sums.rows[0, "lab", "gpu-a", "-", "lab"]) == dict.fromkeys(COUNTS, 0) | {
+        "requests": 1
+    }
+
+
+def test_take_hands_over_every_row_and_put_back_adds_them_again() -> None:
+    sums = MinuteSums()
+    sums.add(used(), 0)
+    batch = sums.take()
+    assert not sums
+    sums.add(used(), 0)
+    sums.put_back(batch)
+    assert named(sums.rows[0, "lab", "gpu-a", "m", "alice"])["prompt_tokens"] == 200
+    assert named(batch[0, "lab", "gpu-a", "m", "alice"])["prompt_tokens"] == 100  # a copy
+
+
+def test_rows_stop_at_most_and_what_is_left_out_is_counted() -> None:
+    """While the store cannot take them, rows pile up to ``most``; a known row still
+    adds up, a new one is counted as left out."""
+    sums = MinuteSums(most=2)
+    for minute in range(4):
+        sums.add(used(), minute * 60)
+    sums.add(used(), 0)
+    assert len(sums) == 2
+    assert sums.dropped == 2
+    assert named(sums.rows[0, "lab", "gpu-a", "m", "alice"])["requests"] == 2
+    sums.put_back({(600, "lab", "gpu-a", "m", "alice"): [3] + [0] * 8})
+    assert sums.dropped == 5
+
+
+def test_a_request_refused_at_the_door_used_nothing() -> None:
+    sums = MinuteSums()
+    sums.add(RequestRecord("lab", None, 401, 0.0, refused=True), 0)
+    assert not sums
