@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crossbar.config import DEMO_SOURCE, Config, HostConfig, HostSettings, RouteConfig
-from crossbar.config.model import MEMORY_DB
+from crossbar.config import DEMO_SOURCE, MEMORY_DB, Config, HostConfig, HostSettings, RouteConfig
 from crossbar.testing import SimulatedHost
 
 FLEET = {

@@ -21,17 +21,12 @@ from twisted.internet.interfaces import IReactorProcess
 from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 
-from crossbar.config import Config, HostConfig, Secret
-from crossbar.config.changes import Changes, moved
-from crossbar.polling.health import HealthTable, HostState
-from crossbar.polling.listreader import ListReader
-from crossbar.polling.poller import Poller
-from crossbar.queueing.traffic import Traffic
-from crossbar.routing.policies import places_conversations
-from crossbar.stats.hour import HourlyTraffic
-from crossbar.stats.window import RecentTraffic
-from crossbar.upstream import Upstreams
-from crossbar.upstream.endpoints import make_agent, make_agents, make_pool
+from crossbar.config import Changes, Config, HostConfig, Secret, moved
+from crossbar.polling import HealthTable, HostState, ListReader, Poller
+from crossbar.queueing import Traffic
+from crossbar.routing import places_conversations
+from crossbar.stats import HourlyTraffic, RecentTraffic
+from crossbar.upstream import Upstreams, make_agent, make_agents, make_pool
 
 log = Logger()
 

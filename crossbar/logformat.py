@@ -29,8 +29,7 @@ from twisted.logger import (
 )
 from zope.interface import implementer
 
-from crossbar.stats.accessline import printable
-from crossbar.stats.record import RequestRecord
+from crossbar.stats import RequestRecord, printable
 
 
 def json_line(event: LogEvent) -> str | None:

@@ -22,25 +22,33 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
 from crossbar import __version__
-from crossbar.config import DEMO_SOURCE, Config, ConfigError, tcp_address
-from crossbar.config.changes import Changes, Reloaded, Reloads, compare
-from crossbar.config.fields import shown_listen
+from crossbar.config import (
+    DEMO_SOURCE,
+    Changes,
+    Config,
+    ConfigError,
+    Reloaded,
+    Reloads,
+    compare,
+    shown_listen,
+    tcp_address,
+)
 from crossbar.hosts import Hosts
-from crossbar.http.drain import count_requests
-from crossbar.pages.app import StatusApp
-from crossbar.pages.models import ModelEvents
-from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
-from crossbar.proxy.context import ProxyContext
-from crossbar.proxy.resources import ProxyResource
-from crossbar.queueing.waits import Waits
+from crossbar.http import count_requests
+from crossbar.pages import (
+    ModelEvents,
+    StatusApp,
+    WorkerInfo,
+    gather_metrics,
+    peer_secret,
+    publish_port,
+)
+from crossbar.proxy import ProxyContext, ProxyResource
+from crossbar.queueing import Waits
 from crossbar.sites import PageResources, Private, Sites
-from crossbar.stats.accesslog import AccessLog
-from crossbar.stats.metrics import Metrics
-from crossbar.stats.record import Observers
-from crossbar.upstream.failures import describe
-from crossbar.usage.ledger import UsageLedger
-from crossbar.usage.store import UsageStore
-from crossbar.usage.thread import OneThread
+from crossbar.stats import AccessLog, Metrics, Observers
+from crossbar.upstream import describe
+from crossbar.usage import OneThread, UsageLedger, UsageStore
 
 log = Logger()
 

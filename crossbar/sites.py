@@ -22,14 +22,10 @@ from twisted.internet.endpoints import TCP4ServerEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.web.resource import IResource, Resource
 
-from crossbar.config import Config, Limits, Secret
-from crossbar.config.fields import shown_listen
-from crossbar.http.drain import drain
-from crossbar.http.keys import KeyGuard, Pages, Peers
-from crossbar.http.listener import Listener, ReusePortEndpoint
-from crossbar.http.site import Site
-from crossbar.proxy.resources import RootResource
-from crossbar.stats.record import ProxyObserver
+from crossbar.config import Config, Limits, Secret, shown_listen
+from crossbar.http import KeyGuard, Listener, Pages, Peers, ReusePortEndpoint, Site, drain
+from crossbar.proxy import RootResource
+from crossbar.stats import ProxyObserver
 
 CLIENT_IDLE_TIMEOUT = 75.0
 """Seconds an idle client connection is kept open."""

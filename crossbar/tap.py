@@ -16,7 +16,7 @@ from twisted.python.components import Componentized
 
 from crossbar._twisted import run_lean, twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
-from crossbar.http.listener import CannotListen, not_an_internal_start
+from crossbar.http import CannotListen, not_an_internal_start
 from crossbar.logformat import writer
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def _with_workers(
     import shutil
     import tempfile
 
-    from crossbar.pages.peers import WorkerInfo, peer_secret
+    from crossbar.pages import WorkerInfo, peer_secret
     from crossbar.service import Crossbar
     from crossbar.workers import WorkerProcesses
 

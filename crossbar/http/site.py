@@ -33,8 +33,7 @@ from crossbar.http.connections import Connections
 from crossbar.http.listener import INTERNAL_LISTENER
 from crossbar.http.request import ProxyRequest
 from crossbar.http.timers import Deadline, nothing, stop
-from crossbar.stats.accesslog import AccessLog
-from crossbar.stats.record import ProxyObserver, refused_record
+from crossbar.stats import AccessLog, ProxyObserver, refused_record
 
 LINGER = 5.0
 """Seconds a refused request's client may keep sending before its connection is cut."""

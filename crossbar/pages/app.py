@@ -24,8 +24,7 @@ from twisted.web.util import Redirect
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from crossbar import __version__
-from crossbar.config import Config, RouteConfig
-from crossbar.config.changes import Reloaded, Reloads
+from crossbar.config import Config, Reloaded, Reloads, RouteConfig
 from crossbar.pages.flowshares import FlowShares
 from crossbar.pages.hosttokens import recent_usage_json
 from crossbar.pages.models import models_json
@@ -34,15 +33,19 @@ from crossbar.pages.render import About, StatusPage, model_on
 from crossbar.pages.times import rfc3339
 from crossbar.pages.usagequery import answer as usage_answer
 from crossbar.pages.usagetables import UsageTables
-from crossbar.polling.health import HealthTable, HostState
-from crossbar.queueing.traffic import Traffic
-from crossbar.routing.groups import routes_down
-from crossbar.routing.policies import Ask, Choice, places_conversations
-from crossbar.stats.hour import HourlyTraffic
-from crossbar.stats.metrics import CONTENT_TYPE, Metrics
-from crossbar.stats.queuemetrics import waiting_by_route
-from crossbar.stats.window import WINDOW_SECONDS, RecentTraffic, RouteAffinity
-from crossbar.usage.ledger import UsageLedger
+from crossbar.polling import HealthTable, HostState
+from crossbar.queueing import Traffic
+from crossbar.routing import Ask, Choice, places_conversations, routes_down
+from crossbar.stats import (
+    CONTENT_TYPE,
+    WINDOW_SECONDS,
+    HourlyTraffic,
+    Metrics,
+    RecentTraffic,
+    RouteAffinity,
+    waiting_by_route,
+)
+from crossbar.usage import UsageLedger
 
 
 class StatusApp:

@@ -16,7 +16,7 @@ import attrs
 from twisted.web.template import Flattenable, Tag, tags
 
 from crossbar.pages.times import duration, short_seconds
-from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotUse
+from crossbar.queueing import WINDOW_SECONDS, SlotUse
 
 SHOWN = 20
 """Flows listed one by one; past them, how many more and their share together."""

@@ -17,8 +17,7 @@ from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer,
 
 from crossbar.pages.charts import Series, count, legend, line_chart
 from crossbar.pages.times import short_seconds
-from crossbar.stats.hour import MINUTES, HostHour
-from crossbar.stats.window import WINDOW_SECONDS, HostRecent
+from crossbar.stats import MINUTES, WINDOW_SECONDS, HostHour, HostRecent
 
 _TEMPLATE = XMLString(
     """\

@@ -13,8 +13,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from twisted.logger import Logger
 
 from crossbar.pages.times import duration
-from crossbar.polling.health import Clock, HostState
-from crossbar.routing.placement import BUSY, EVICTS, FREE, LOADING, NO_AUTOLOAD, LoadCost, Occupancy
+from crossbar.polling import Clock, HostState
+from crossbar.routing import BUSY, EVICTS, FREE, LOADING, NO_AUTOLOAD, LoadCost, Occupancy
 
 log = Logger()
 

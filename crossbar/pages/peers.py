@@ -20,7 +20,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
 from crossbar.config import Secret
-from crossbar.stats.metrics import merge_workers
+from crossbar.stats import merge_workers
 from crossbar.upstream import describe
 
 log = Logger()

@@ -16,8 +16,7 @@ import attrs
 from twisted.web.iweb import IRequest
 from twisted.web.template import Element, Flattenable, Tag, XMLString, renderer, tags
 
-from crossbar.config import DEMO_SOURCE, Config, RouteConfig
-from crossbar.config.changes import Reloads
+from crossbar.config import DEMO_SOURCE, Config, Reloads, RouteConfig
 from crossbar.pages.charts import CHART_STYLE
 from crossbar.pages.flowshares import FlowShares, flows_section
 from crossbar.pages.hosttokens import HostTokens
@@ -26,11 +25,9 @@ from crossbar.pages.peers import WorkerInfo
 from crossbar.pages.style import STYLE
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
 from crossbar.pages.usagetables import UsageView, usage_tables
-from crossbar.polling.health import HostState
-from crossbar.routing.groups import routes_down
-from crossbar.routing.placement import LoadCost, Occupancy
-from crossbar.stats.hour import HostHour
-from crossbar.stats.window import WINDOW_SECONDS, HostRecent, RouteAffinity
+from crossbar.polling import HostState
+from crossbar.routing import LoadCost, Occupancy, routes_down
+from crossbar.stats import WINDOW_SECONDS, HostHour, HostRecent, RouteAffinity
 
 REFRESH_SECONDS = 5
 PAGE_MODELS = 20

@@ -32,9 +32,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from crossbar.pages.times import rfc3339
-from crossbar.usage.ledger import UsageLedger
-from crossbar.usage.store import GROUPS
-from crossbar.usage.sums import COUNTS
+from crossbar.usage import COUNTS, GROUPS, UsageLedger
 
 DEFAULT_SPAN = 86400.0
 QUERY_SECONDS = 10.0

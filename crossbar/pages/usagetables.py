@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.template import Flattenable, Tag, tags
 
-from crossbar.usage.ledger import UsageLedger
+from crossbar.usage import UsageLedger
 
 REFRESH_SECONDS = 10.0
 log = Logger()

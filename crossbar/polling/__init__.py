@@ -1,1 +1,16 @@
-"""polling"""
+"""Polling: what crossbar learns of its hosts (``GET /health``, ``GET /v1/models``, slots
+and room from ``/props``) and the health table it keeps, on a ``LoopingCall`` per host."""
+
+from crossbar.polling.health import Clock, HealthTable, HostState
+from crossbar.polling.listreader import ListReader
+from crossbar.polling.modellist import merged_listing
+from crossbar.polling.poller import Poller
+
+__all__ = [
+    "Clock",
+    "HealthTable",
+    "HostState",
+    "ListReader",
+    "Poller",
+    "merged_listing",
+]

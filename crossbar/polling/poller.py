@@ -31,14 +31,14 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.web.http import RESPONSES
 
-from crossbar.config.secrets import Secret
+from crossbar.config import Secret
 from crossbar.polling.health import HealthTable
 from crossbar.polling.listreader import ListUnread
 from crossbar.polling.modellist import ModelList, read_models
 from crossbar.polling.responses import Digest, PollError, discard, read_limited
 from crossbar.polling.routerprops import ROOM_PATH, RoomAsks, read_room
 from crossbar.polling.slots import MAX_PROPS_BODY, SlotAsks, props_path, total_slots
-from crossbar.upstream.failures import describe, is_cancellation
+from crossbar.upstream import describe, is_cancellation
 
 MAX_POLL_BODY = 8 * 1024 * 1024
 """Largest answer a poll reads: a model list is a few KiB (100,000 models, about 5 MiB)."""

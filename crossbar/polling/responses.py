@@ -11,7 +11,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 
-from crossbar.upstream.failures import stop_producing
+from crossbar.upstream import stop_producing
 
 
 class PollError(Exception):

@@ -8,11 +8,10 @@ import attrs
 from twisted.internet.interfaces import IReactorTime
 
 from crossbar.config import Config, HostSettings
-from crossbar.http.headers import host_keys
-from crossbar.polling.health import HealthTable
-from crossbar.queueing.traffic import Traffic
-from crossbar.queueing.waits import Waits
-from crossbar.stats.record import ProxyObserver
+from crossbar.http import host_keys
+from crossbar.polling import HealthTable
+from crossbar.queueing import Traffic, Waits
+from crossbar.stats import ProxyObserver
 from crossbar.upstream import Upstreams
 
 

@@ -8,18 +8,18 @@ import attrs
 from twisted.web import server
 
 from crossbar.config import Config, RouteConfig
-from crossbar.http.headers import (
+from crossbar.http import (
     BODYLESS,
     BadTarget,
     RoutePath,
     parse_target,
+    release_body,
     trusted_proxy,
     upstream_headers,
 )
-from crossbar.http.request import release_body
 from crossbar.proxy.modelname import with_model
 from crossbar.proxy.shapes import SHAPES, Shape, read_body
-from crossbar.routing.policies import Conversation
+from crossbar.routing import Conversation
 
 
 @attrs.define

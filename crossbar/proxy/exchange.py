@@ -23,23 +23,29 @@ from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 
 from crossbar.config import RouteConfig
-from crossbar.http.errors import error_payload
-from crossbar.http.headers import BadTarget, answer_headers
-from crossbar.http.request import answer_json, release_body, stopping, when_over
-from crossbar.http.timers import Deadline, borrow, give_back
-from crossbar.polling.modellist import merged_listing
+from crossbar.http import (
+    BadTarget,
+    Deadline,
+    answer_headers,
+    answer_json,
+    borrow,
+    error_payload,
+    give_back,
+    release_body,
+    stopping,
+    when_over,
+)
+from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
 from crossbar.proxy.outcome import door_key, record_of
 from crossbar.proxy.phases import ENDED, MOVES, Phase
 from crossbar.proxy.relay import StreamBody
-from crossbar.queueing.queue import Flow, Refused, Waiting
-from crossbar.queueing.waits import Waiter, Waits, flow_of
-from crossbar.routing.affinity import Placement
-from crossbar.routing.policies import Ask, Conversation
-from crossbar.stats.record import RequestRecord
+from crossbar.queueing import Flow, Refused, Waiter, Waiting, Waits, flow_of
+from crossbar.routing import Ask, Conversation, Placement
+from crossbar.stats import RequestRecord
 from crossbar.upstream import Call, Discard, Response, describe
-from crossbar.usage.reader import APIS, AnswerReader
+from crossbar.usage import APIS, AnswerReader
 
 log = Logger()
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)

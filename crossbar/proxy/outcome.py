@@ -10,11 +10,10 @@ from twisted.web import server
 
 from crossbar.config import RouteConfig, Secret
 from crossbar.proxy.phases import Phase
-from crossbar.queueing.queue import Flow
-from crossbar.queueing.waits import flow_of
-from crossbar.routing.affinity import Placement
-from crossbar.stats.record import RequestRecord
-from crossbar.usage.reader import AnswerReader
+from crossbar.queueing import Flow, flow_of
+from crossbar.routing import Placement
+from crossbar.stats import RequestRecord
+from crossbar.usage import AnswerReader
 
 
 class Ended(Protocol):

@@ -14,7 +14,7 @@ from twisted.web import server
 from twisted.web.client import ResponseDone
 from zope.interface import implementer
 
-from crossbar.http.timers import SPENT, Deadline, stop
+from crossbar.http import SPENT, Deadline, stop
 from crossbar.upstream import stop_producing
 
 

@@ -1,1 +1,19 @@
-"""queueing"""
+"""Queueing: requests that wait in crossbar for a slot, the flows they belong to, and which
+one is sent when a slot frees (fair between flows, by band)."""
+
+from crossbar.queueing.queue import Flow, Refused, Waiting
+from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotUse
+from crossbar.queueing.traffic import Traffic
+from crossbar.queueing.waits import Waiter, Waits, flow_of
+
+__all__ = [
+    "WINDOW_SECONDS",
+    "Flow",
+    "Refused",
+    "SlotUse",
+    "Traffic",
+    "Waiter",
+    "Waiting",
+    "Waits",
+    "flow_of",
+]

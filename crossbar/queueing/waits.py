@@ -25,15 +25,11 @@ from typing import Any, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from crossbar.config import Config, RouteConfig, Secret
-from crossbar.config.secrets import key_held
-from crossbar.polling.health import HealthTable
+from crossbar.config import Config, RouteConfig, Secret, key_held
+from crossbar.polling import HealthTable
 from crossbar.queueing.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.queueing.traffic import Traffic
-from crossbar.routing.groups import best_group
-from crossbar.routing.placement import spill_places
-from crossbar.routing.policies import CacheAffinity, Conversation
-from crossbar.routing.rendezvous import rendezvous
+from crossbar.routing import CacheAffinity, Conversation, best_group, rendezvous, spill_places
 
 TICK = 1.0
 """Seconds between two looks at what waits (time-outs, hosts come back) while any does."""

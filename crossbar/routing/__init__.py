@@ -1,1 +1,38 @@
-"""routing"""
+"""Routing: which host serves a request. Groups, the route's policy (``priority``,
+``round_robin``, ``least_busy``, ``cache_affinity``), a conversation's home, and where a
+model is loaded. Pure rules, no I/O."""
+
+from crossbar.routing.affinity import Placement
+from crossbar.routing.groups import best_group, routes_down
+from crossbar.routing.placement import (
+    BUSY,
+    EVICTS,
+    FREE,
+    LOADING,
+    NO_AUTOLOAD,
+    LoadCost,
+    Occupancy,
+    spill_places,
+)
+from crossbar.routing.policies import Ask, CacheAffinity, Choice, Conversation, places_conversations
+from crossbar.routing.rendezvous import rendezvous
+
+__all__ = [
+    "BUSY",
+    "EVICTS",
+    "FREE",
+    "LOADING",
+    "NO_AUTOLOAD",
+    "Ask",
+    "CacheAffinity",
+    "Choice",
+    "Conversation",
+    "LoadCost",
+    "Occupancy",
+    "Placement",
+    "best_group",
+    "places_conversations",
+    "rendezvous",
+    "routes_down",
+    "spill_places",
+]

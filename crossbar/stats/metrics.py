@@ -30,9 +30,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 from twisted.internet.interfaces import IReactorTime
 
-from crossbar.config.changes import Reloads
-from crossbar.polling.health import HealthTable
-from crossbar.queueing.traffic import Traffic
+from crossbar.config import Reloads
+from crossbar.polling import HealthTable
+from crossbar.queueing import Traffic
 from crossbar.stats.queuemetrics import QueueCollector
 from crossbar.stats.record import OTHER_MODEL, RequestRecord
 from crossbar.stats.tokenmetrics import UsageCounts

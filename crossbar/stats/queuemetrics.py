@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from crossbar.queueing.traffic import Traffic
+from crossbar.queueing import Traffic
 
 MIN_SHARE = 0.01
 """Flows below this share of the slots are left out of the metric (labels stay few)."""

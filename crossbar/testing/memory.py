@@ -22,13 +22,11 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from crossbar.config import Config
-from crossbar.http.site import Channel, Site
-from crossbar.polling.health import HealthTable
-from crossbar.proxy.context import ProxyContext
-from crossbar.proxy.resources import ProxyResource, RootResource
-from crossbar.queueing.traffic import Traffic
-from crossbar.queueing.waits import Waits
-from crossbar.stats.record import RequestRecord
+from crossbar.http import Channel, Site
+from crossbar.polling import HealthTable
+from crossbar.proxy import ProxyContext, ProxyResource, RootResource
+from crossbar.queueing import Traffic, Waits
+from crossbar.stats import RequestRecord
 from crossbar.upstream import Upstreams
 
 CLIENT = IPv4Address("TCP", "127.0.0.1", 40000)

@@ -25,9 +25,8 @@ from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IResponse
 
-from crossbar.config import Config, HostConfig, HostSettings, RouteConfig
-from crossbar.config.changes import Reloaded
-from crossbar.polling.health import HealthTable, HostState
+from crossbar.config import Config, HostConfig, HostSettings, Reloaded, RouteConfig
+from crossbar.polling import HealthTable, HostState
 from crossbar.testing.logs import LogCapture
 from crossbar.testing.reader import Reader
 from crossbar.testing.simulator import SimulatedHost

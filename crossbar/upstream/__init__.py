@@ -4,7 +4,14 @@ for the ways that can fail."""
 
 from crossbar.upstream.call import Answerer, Call
 from crossbar.upstream.connection import Response
-from crossbar.upstream.endpoints import IDLE_POOL_TIMEOUT, HostAddress, endpoint_for
+from crossbar.upstream.endpoints import (
+    IDLE_POOL_TIMEOUT,
+    HostAddress,
+    endpoint_for,
+    make_agent,
+    make_agents,
+    make_pool,
+)
 from crossbar.upstream.failures import Discard, describe, is_cancellation, stop_producing
 from crossbar.upstream.pool import Upstreams
 
@@ -19,5 +26,8 @@ __all__ = [
     "describe",
     "endpoint_for",
     "is_cancellation",
+    "make_agent",
+    "make_agents",
+    "make_pool",
     "stop_producing",
 ]

@@ -1,3 +1,18 @@
-"""Usage kept across restarts: every finished request's tokens and timings, summed per
-minute by route, host, model and key, written to SQLite in batches off the reactor's
-thread and read back for ``/_crossbar/usage`` and the status page."""
+"""Usage: the tokens and timings each answer reports, read as it streams by, and kept
+across restarts in a SQLite store, summed per minute."""
+
+from crossbar.usage.ledger import UsageLedger
+from crossbar.usage.reader import APIS, AnswerReader
+from crossbar.usage.store import GROUPS, UsageStore
+from crossbar.usage.sums import COUNTS
+from crossbar.usage.thread import OneThread
+
+__all__ = [
+    "APIS",
+    "COUNTS",
+    "GROUPS",
+    "AnswerReader",
+    "OneThread",
+    "UsageLedger",
+    "UsageStore",
+]

@@ -26,7 +26,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from crossbar.stats.record import RequestRecord
+from crossbar.stats import RequestRecord
 from crossbar.usage.store import UsageStore
 from crossbar.usage.sums import MinuteSums, Place, Sums
 

@@ -15,7 +15,7 @@ from twisted.logger import ILogObserver, LogLevel, PredicateResult, eventAsText
 from zope.interface import implementer
 
 from crossbar._twisted import run_lean
-from crossbar.http.listener import not_an_internal_start
+from crossbar.http import not_an_internal_start
 from crossbar.logformat import json_line
 
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs in a
     from twisted.logger import globalLogBeginner
 
     from crossbar.config import ConfigError, load_config
-    from crossbar.pages.peers import WorkerInfo
+    from crossbar.pages import WorkerInfo
     from crossbar.service import Crossbar
 
     args = parse_args(argv)

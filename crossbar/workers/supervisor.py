@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
 
-from crossbar.pages.peers import WorkerInfo
+from crossbar.pages import WorkerInfo
 
 log = Logger()
 

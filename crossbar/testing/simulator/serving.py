@@ -20,7 +20,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
-from crossbar.http.listener import INTERNAL_LISTENER
+from crossbar.http import INTERNAL_LISTENER
 from crossbar.testing.simulator.apis import GENERATE
 from crossbar.testing.simulator.replies import HttpError, error_body, json_object
 
