@@ -16,7 +16,7 @@ that is than the best bound's, in seconds.
 The settings: ``S`` slots, answers of ``T`` seconds on average, a move's prefill ``M``:
 
 - ``sim``: the simulator of ``benchmarks/contention.py`` (2 slots, 2 s answers), prefilling
-  1,542 tokens in 55 ms as a tiny model does here (docs/performance.md);
+  1,542 tokens in 55 ms as a tiny model does here (docs/design/queue.md);
 - ``cpu-agent``: a real llama-server on this machine, whose 27,051-token agent prompt
   took 42.7 s to prefill, 2 slots, 20 s answers;
 - ``gpu-agent``: a lab GPU: 4 slots, 20 s answers, the same prompt at about 3,000 tokens a

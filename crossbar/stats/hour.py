@@ -5,7 +5,7 @@ each; the charts say *since when*: requests and errors, prompt tokens and of the
 generated tokens, and the median time to first token, for each of the last 60 minutes.
 
 Each host has a ring of 60 one-minute buckets, fed by every ended request
-(:class:`HourlyTraffic` is a :class:`~crossbar.fleet.ProxyObserver`). Memory is fixed per
+(:class:`HourlyTraffic` is a :class:`~crossbar.stats.record.ProxyObserver`). Memory is fixed per
 host whatever the traffic: 60 buckets of six counters and a histogram of 61 four-byte
 counts, about 25 kB; a host a reload removes is forgotten with its ring. The histogram's
 bins are ten a decade (1 ms to 1000 s), so a minute's median is within 12 % of the true

@@ -102,7 +102,7 @@ class _FleetCollector:
 
 
 class ClientConnections(Protocol):
-    """What a listening site counts of its client connections (crossbar.server's Site)."""
+    """What a listening site counts of its client connections (crossbar.http's Site)."""
 
     refused_connections: int
 

@@ -5,7 +5,7 @@ their conversation's home.
 
 The lifetime counters are in the metrics; an admin glancing at the status page wants
 *now*. So each host has a ring of 30 buckets of 10 s, fed by every proxied request
-(:class:`RecentTraffic` is a :class:`~crossbar.fleet.ProxyObserver`). Memory is fixed
+(:class:`RecentTraffic` is a :class:`~crossbar.stats.record.ProxyObserver`). Memory is fixed
 per host whatever the traffic: the ring never grows, and the times to first byte are
 and to first token are each counted in a histogram whose bins are the values of two
 significant digits (10 us to 9900 s), so the medians read from them are exact at the two
