@@ -64,3 +64,11 @@ def test_a_model_unloaded_and_loaded_again_is_asked_at_once() -> None:
 
 def test_a_model_listed_twice_is_asked_once() -> None:
     assert SlotAsks().due(["a", "a", "b"], T0) == ["a", "b"]
+
+
+def test_a_model_newly_loaded_goes_before_one_asked_long_ago() -> None:
+    asks = SlotAsks()
+    old = [f"old{i}" for i in range(ASKS_PER_POLL)]
+    asks.due(old, T0)
+    later = T0 + ASK_AGAIN_SECONDS
+    assert asks.due([*old, "new"], later) == ["new", *old[: ASKS_PER_POLL - 1]]
