@@ -63,11 +63,18 @@ def test_a_body_that_is_not_a_json_object_is_refused_as_llama_server_does() -> N
 
 def test_a_routers_list_gives_each_models_status_and_meta_only_when_loaded() -> None:
     listed = router_models(
-        [Model("a", "loaded"), Model("b", "unloaded"), Model("c", "unloaded", failed=True)], 7
+        [
+            Model("a", "loaded"),
+            Model("b", "unloaded"),
+            Model("c", "unloaded", failed=True),
+            Model("d", "loading"),
+        ],
+        7,
     )
-    a, b, c = listed["data"]
+    a, b, c, d = listed["data"]
     assert listed["object"] == "list"
-    assert [m["id"] for m in listed["data"]] == ["a", "b", "c"]
+    assert [m["id"] for m in listed["data"]] == ["a", "b", "c", "d"]
+    assert "meta" not in d  # only a running model can tell its metadata
     assert a["status"]["value"] == "loaded" and a["meta"] == META
     assert "meta" not in b and b["status"]["value"] == "unloaded"
     assert c["status"]["failed"] is True and c["status"]["exit_code"] == 1
