@@ -10,6 +10,7 @@ import ast
 import tomllib
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,7 @@ def dotted(path: Path) -> str:
     return ".".join(parts)
 
 
+@cache
 def parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=relative(path))
 
