@@ -1,14 +1,28 @@
-"""Who waits in the fair queue and what it may do: a flow (a client, by name, with its
-band and limits), a pool's limit, and a refusal in words. Values only, no I/O."""
+"""Who a request is, for fairness, and what it may do: a flow (a client, by name, with its
+band and limits), the one rule that gives a flow its band, a pool's limit, and a refusal
+in words. Values and pure rules only, no I/O."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterable
+from hashlib import blake2b
 from typing import Any
 
 import attrs
 
+from crossbar.config import KeyHolder, RouteConfig, Secret, key_held
 from crossbar.queueing.slotuse import WINDOW_SECONDS
+
+BANDS = {"interactive": 0, "normal": 1, "batch": 2}
+"""Each priority's band, 0 first."""
+
+
+def band_of(holder: KeyHolder | None) -> int:
+    """A flow's band, by the one rule: its key holder's priority; a request with no
+    holder (an unnamed key, or a client known by its address) is ``normal``."""
+    return BANDS["normal"] if holder is None else BANDS[holder.priority]
 
 
 def _optional_ge(low: int) -> Any:
@@ -20,8 +34,9 @@ class Flow:
     """One client, as the caller names it: a key's name or an address, never a key."""
 
     name: str
-    band: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    """Priority band, 0 first: a band goes only when no lower one has anyone waiting."""
+    band: int = attrs.field(default=band_of(None), validator=attrs.validators.ge(0))
+    """Priority band, 0 first: a band goes only when no lower one has anyone waiting.
+    Made by :func:`band_of` (unless given: ``normal``, as for a flow with no holder)."""
     max_in_flight: int | None = attrs.field(default=None, validator=_optional_ge(1))
     """Past this many running, the flow is passed over until one of them ends."""
     max_waiting: int | None = attrs.field(default=None, validator=_optional_ge(0))
@@ -53,3 +68,52 @@ def refusal(name: str, limit: int, waited: float) -> Refused:
     waited (roughly how long the queue takes to turn over), 1 s to 5 min."""
     words = f"{limit} requests already waiting" if limit else "every slot is busy, none may wait"
     return Refused(429, f"{name}: {words}", min(WINDOW_SECONDS, max(1, math.ceil(waited))))
+
+
+def flow_of(
+    route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str, key: Secret | None = None
+) -> Flow:
+    """Who a request is, for fairness: its key's holder (by name), an unnamed key (by a
+    short fingerprint that cannot be turned back into it), else the client's address.
+    ``key``: the one the door let it in with, if it is one of the route's (else the
+    head is read again)."""
+    if route.api_keys:
+        if key is None or not _one_of(key, route.api_keys):
+            key = key_held(list(headers), route.api_keys)
+        if key is not None:
+            return _key_flow(key)
+    return Flow(client, band_of(None))
+
+
+def _one_of(key: Secret, keys: Iterable[Secret]) -> bool:
+    """Whether ``key`` is one of ``keys`` itself (not merely equal): a loop, as a
+    generator costs a frame on every keyed request."""
+    for mine in keys:  # noqa: SIM110
+        if mine is key:
+            return True
+    return False
+
+
+_FLOWS: dict[int, tuple[Secret, Flow]] = {}
+"""Each configured key's flow, made once (a frozen value, checked as it is built)."""
+
+
+def _key_flow(key: Secret) -> Flow:
+    known = _FLOWS.get(id(key))
+    if known is not None and known[0] is key:
+        return known[1]
+    holder = key.holder
+    if holder is None:
+        flow = Flow(f"key-{_fingerprint(key.value)}", band_of(None))
+    else:
+        flow = Flow(holder.name, band_of(holder), holder.max_in_flight, holder.max_waiting)
+    if len(_FLOWS) >= 1024:  # reloads made new keys: the old ones go
+        _FLOWS.clear()
+    _FLOWS[id(key)] = (key, flow)
+    return flow
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(value: bytes) -> str:
+    """Remembered: called with configured keys' values only, a few, on every request."""
+    return blake2b(value, digest_size=4, person=b"crossbar-flow").hexdigest()
