@@ -5,14 +5,15 @@ in words. Values and pure rules only, no I/O."""
 from __future__ import annotations
 
 import functools
+import ipaddress
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 from typing import Any
 
 import attrs
 
-from crossbar.config import KeyHolder, RouteConfig, Secret, key_held
+from crossbar.config import KeyHolder, Network, RouteConfig, Secret, key_held
 from crossbar.queueing.slotuse import WINDOW_SECONDS
 
 BANDS = {"interactive": 0, "normal": 1, "batch": 2}
@@ -71,18 +72,93 @@ def refusal(name: str, limit: int, waited: float) -> Refused:
 
 
 def flow_of(
-    route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str, key: Secret | None = None
+    route: RouteConfig,
+    headers: Iterable[tuple[bytes, Sequence[bytes]]],
+    client: str,
+    key: Secret | None = None,
+    trusted: tuple[Network, ...] = (),
 ) -> Flow:
     """Who a request is, for fairness: its key's holder (by name), an unnamed key (by a
-    short fingerprint that cannot be turned back into it), else the client's address.
-    ``key``: the one the door let it in with, if it is one of the route's (else the
-    head is read again)."""
+    short fingerprint that cannot be turned back into it), else the client's address
+    (:func:`client_group`; behind one of the ``trusted`` proxies, the client it
+    forwards). ``key``: the one the door let it in with, if it is one of the route's
+    (else the head is read again)."""
     if route.api_keys:
         if key is None or not _one_of(key, route.api_keys):
-            key = key_held(list(headers), route.api_keys)
+            headers = list(headers)
+            key = key_held(headers, route.api_keys)
         if key is not None:
             return _key_flow(key)
-    return Flow(client, band_of(None))
+    if trusted:
+        client = forwarded_client(client, headers, trusted)
+    return Flow(client_group(client), band_of(None))
+
+
+def client_group(address: str) -> str:
+    """The client an address stands for: itself, or for IPv6 its /64 (what one machine
+    is given), an IPv4-mapped one as IPv4; anything else (a UNIX socket) as it is. One
+    rule for the fair queue's flows and each client's share of the connections."""
+    return address if ":" not in address else _v6_group(address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _v6_group(address: str) -> str:
+    try:
+        parsed = ipaddress.IPv6Address(address.partition("%")[0])
+    except ValueError:
+        return address
+    if parsed.ipv4_mapped is not None:
+        return str(parsed.ipv4_mapped)
+    return str(ipaddress.IPv6Network((parsed, 64), strict=False))
+
+
+def forwarded_client(
+    peer: str, headers: Iterable[tuple[bytes, Sequence[bytes]]], trusted: tuple[Network, ...]
+) -> str:
+    """The client a request came from: ``peer``, or when ``peer`` is one of the
+    ``trusted`` proxies, the last address of ``X-Forwarded-For`` that is not one of them
+    (the one a trusted proxy saw; what comes before it is the client's own word). A
+    hop that is not an address ends the search at the proxy before it."""
+    if not _among(peer, trusted):
+        return peer
+    hops = [
+        hop
+        for name, values in headers
+        if name.lower() == b"x-forwarded-for"
+        for value in values
+        for hop in value.split(b",")
+    ]
+    for hop in reversed(hops):
+        address = _address(hop)
+        if address is None:
+            break
+        peer = address
+        if not _among(address, trusted):
+            break
+    return peer
+
+
+def _address(hop: bytes) -> str | None:
+    """An ``X-Forwarded-For`` hop's address (a port, and IPv6 brackets, taken off)."""
+    text = hop.strip().decode("ascii", "replace")
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def _among(address: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        parsed = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:  # not an IP address (a UNIX socket)
+        return False
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        parsed = parsed.ipv4_mapped
+    return any(parsed in network for network in networks)
 
 
 def _one_of(key: Secret, keys: Iterable[Secret]) -> bool:

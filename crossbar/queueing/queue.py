@@ -8,6 +8,13 @@ Service lately is, first, the flow's requests in flight now (one keeping 16 goin
 after one with none, whatever their pasts), then its slot-seconds decayed with a
 half-life, so what it used an hour ago is forgiven.
 
+A flow that becomes active (new, or back from idle) starts at the queue's *virtual time*
+when that is more than its own service: the service each active flow has had, as fair
+queueing keeps it (each request that ends adds its slot-seconds shared among the flows
+active then). So a client unseen before, or one address of many, starts level with the
+flows being served rather than ahead of every one of them, and what a flow used while no
+other wanted a slot is not held against it.
+
 Decayed sums are ``v = sum(seconds * 2**((t - t0) / H))``: all flows decay by one factor,
 so comparing ``v`` compares decayed service exactly; ``t0`` moves on before the exponent
 grows large. Each pool has a heap of its flows; stale entries are skipped, and a heap is
@@ -100,6 +107,8 @@ class FairQueue(Generic[T]):
         self._pools: dict[Hashable, _Pool] = {}
         self._deadlines: list[tuple[float, int, Waiting[T]]] = []
         self._waiting = 0
+        self._vtime = 0.0
+        """The virtual time, in ``v``'s units: where a flow that becomes active starts."""
         self._seq = count()
         self._used = SlotTime()
 
@@ -125,6 +134,7 @@ class FairQueue(Generic[T]):
         if refused is not None:
             self._settle(state, now)
             return refused
+        self._wake(state)
         box = found if found is not None else self._pools.setdefault(pool, _Pool())
         deadline = deadline if deadline is not None and math.isfinite(deadline) else None
         since = now if arrived is None else arrived
@@ -191,6 +201,7 @@ class FairQueue(Generic[T]):
     def started(self, flow: Flow, now: float) -> None:
         """A request of ``flow`` went to a host without waiting here."""
         state = self._state(flow, now)
+        self._wake(state)
         state.in_flight += 1
         if state.lanes:
             self._refresh(state)
@@ -204,7 +215,9 @@ class FairQueue(Generic[T]):
         seconds = seconds if math.isfinite(seconds) and seconds > 0 else 0.0
         if seconds:
             t0 = self._t0 if self._t0 is not None else now
-            state.v += seconds * math.exp2((now - t0) / self._half_life)
+            scaled = seconds * math.exp2((now - t0) / self._half_life)
+            state.v += scaled
+            self._vtime += scaled / max(1, len(self._flows) - len(self._idle))
         self._used.add(flow.name, seconds, now)
         if state.lanes:
             self._refresh(state)
@@ -217,7 +230,8 @@ class FairQueue(Generic[T]):
         limit = state.flow.max_in_flight if state is not None else None
         if state is None or (limit is not None and state.in_flight >= limit):
             return False
-        key = (state.flow.band, state.in_flight, state.v)
+        v = state.v if state.in_flight or state.waiting else max(state.v, self._vtime)
+        key = (state.flow.band, state.in_flight, v)
         for pool in pools:
             heap = self._pools[pool].heap if pool in self._pools else []
             while heap and heap[0] is not heap[0][-1].entry:
@@ -248,7 +262,8 @@ class FairQueue(Generic[T]):
         return self._age(box, now) if box is not None else None
 
     def service(self, name: str, now: float) -> float:
-        """Flow ``name``'s slot-seconds decayed to ``now`` (or to ``t0`` if that is later)."""
+        """Flow ``name``'s service decayed to ``now`` (or to ``t0`` if that is later): its
+        slot-seconds since it last became active, on top of the virtual time then."""
         state = self._flows.get(name)
         if state is None or self._t0 is None:
             return 0.0
@@ -286,6 +301,12 @@ class FairQueue(Generic[T]):
             self._refresh(state)
         state.active = now
         return state
+
+    def _wake(self, state: _FlowState) -> None:
+        """A flow with nothing running or waiting becomes active: it starts no lower
+        than the virtual time (its own past, when more, is kept)."""
+        if not state.in_flight and not state.waiting and state.v < self._vtime:
+            state.v = self._vtime
 
     def _settle(self, state: _FlowState, now: float) -> None:
         """Note whether ``state`` is idle, and forget idle flows that are due."""
@@ -361,6 +382,7 @@ class FairQueue(Generic[T]):
             return
         factor = math.exp2(-(now - self._t0) / self._half_life)
         self._t0 = now
+        self._vtime *= factor
         for box in self._pools.values():
             box.heap = []
         for state in self._flows.values():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from crossbar.config import KeyHolder, RouteConfig, Secret
 from crossbar.queueing import flow_of
-from crossbar.queueing.flows import Flow, PoolLimit, Refused, refusal
+from crossbar.queueing.flows import Flow, PoolLimit, Refused, client_group, refusal
 from crossbar.queueing.queue import FairQueue, Waiting
 
 
@@ -44,3 +46,41 @@ def test_an_unnamed_key_is_normal_and_waits_its_turn_behind_a_named_normal_key()
     # carol is interactive; alice queued before the unnamed key, both normal
     assert [q.pop(["pool"], 1.0).item for _ in range(3)] == ["carol", "alice", "unnamed"]  # type: ignore[union-attr]
     assert flow_of(route, [], "10.0.0.1", unnamed).band == Flow("x").band
+
+
+def test_ipv6_clients_of_one_64_are_one_flow_as_they_share_one_connection_cap() -> None:
+    open_route = RouteConfig("lab", ("gpu",), None)
+    one = flow_of(open_route, [], "2001:db8:1:2::1")
+    assert flow_of(open_route, [], "2001:db8:1:2:ffff::9") == one
+    assert flow_of(open_route, [], "2001:db8:1:3::1") != one
+    assert flow_of(open_route, [], "::ffff:10.0.0.5").name == "10.0.0.5"
+    assert flow_of(open_route, [], "10.0.0.5").name == "10.0.0.5"
+    assert flow_of(open_route, [], "unknown").name == "unknown"  # a UNIX socket's peer
+
+
+PROXY = (ipaddress.ip_network("10.9.0.0/24"), ipaddress.ip_network("fd00::/64"))
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "client"),
+    [
+        ("10.9.0.2", [b"192.0.2.7"], "192.0.2.7"),  # one proxy: the address it saw
+        ("10.9.0.2", [b"6.6.6.6, 192.0.2.7"], "192.0.2.7"),  # a client's own word: not taken
+        ("10.9.0.2", [b"192.0.2.7, 10.9.0.3"], "192.0.2.7"),  # two proxies
+        ("10.9.0.2", [b"6.6.6.6", b"192.0.2.7"], "192.0.2.7"),  # two header lines
+        ("10.9.0.2", [b"2001:db8:1:2::5"], "2001:db8:1:2::/64"),
+        ("10.9.0.2", [b"[2001:db8:1:2::5]:4711"], "2001:db8:1:2::/64"),
+        ("10.9.0.2", [b"192.0.2.7:4711"], "192.0.2.7"),
+        ("10.9.0.2", [b"not an address"], "10.9.0.2"),  # garbage: the proxy is all we know
+        ("10.9.0.2", [], "10.9.0.2"),
+        ("192.0.2.8", [b"6.6.6.6"], "192.0.2.8"),  # not a proxy: its word is not taken
+        ("fd00::1", [b"192.0.2.7"], "192.0.2.7"),
+    ],
+)
+def test_behind_a_trusted_proxy_the_flow_is_the_client_it_forwards(
+    peer: str, forwarded: list[bytes], client: str
+) -> None:
+    open_route = RouteConfig("lab", ("gpu",), None)
+    head = [(b"X-Forwarded-For", forwarded)] if forwarded else []
+    assert flow_of(open_route, head, peer, None, PROXY).name == client
+    assert flow_of(open_route, iter(head), peer, None, ()).name == client_group(peer)

@@ -245,17 +245,23 @@ def test_expired_gives_the_requests_past_their_deadline_once() -> None:
 
 def test_what_a_flow_used_long_ago_is_forgiven() -> None:
     q: FairQueue[str] = FairQueue(half_life=60.0)
-    old, recent = Flow("old"), Flow("recent")
-    q.started(old, T0)
-    q.finished(old, 1000.0, T0)  # a lot, ten minutes ago
-    q.started(recent, T0 + 590)
-    q.finished(recent, 10.0, T0 + 590)  # a little, ten seconds ago
+    old, recent, other = Flow("old"), Flow("recent"), Flow("other")
+    for flow, seconds, at in ((old, 1000.0, T0), (recent, 10.0, T0 + 590)):
+        q.started(other, at)  # each beside another flow that wanted the slots too
+        q.started(flow, at)
+        q.finished(flow, seconds, at)  # a lot, ten minutes ago; a little, ten seconds ago
+        q.finished(other, 0.0, at)
     queued(q, POOL, recent, "recent", T0 + 600)
     queued(q, POOL, old, "old", T0 + 600)
 
-    assert q.service("old", T0 + 600) == pytest.approx(1000 / 1024)
-    assert q.service("recent", T0 + 600) == pytest.approx(10 * 2 ** (-10 / 60))
-    assert drain(q, [POOL], T0 + 600) == ["old", "recent"]
+    # each took twice its share beside one other; old's excess has decayed away (it
+    # starts level with a flow never seen), recent's has not
+    queued(q, POOL, Flow("new"), "new", T0 + 600)
+    assert q.service("old", T0 + 600) == q.service("new", T0 + 600)
+    assert q.service("recent", T0 + 600) - q.service("new", T0 + 600) == pytest.approx(
+        5 * 2 ** (-10 / 60)
+    )
+    assert drain(q, [POOL], T0 + 600) == ["old", "new", "recent"]
 
 
 def test_days_and_years_of_uptime_never_overflow() -> None:
@@ -268,12 +274,11 @@ def test_days_and_years_of_uptime_never_overflow() -> None:
             q.finished(flow, seconds, now)
         now += 3600.0
     now = 1e15  # and far in the future
-    q.started(a, now)
+    for flow in (a, b):  # each with one running and one waiting
+        q.started(flow, now)
+        queued(q, POOL, flow, flow.name, now)
     q.finished(a, 2.0, now)
-    q.started(b, now)
     q.finished(b, 1.0, now + 0.5)
-    queued(q, POOL, a, "a", now + 1)
-    queued(q, POOL, b, "b", now + 1)
 
     assert math.isfinite(q.service("a", now + 1)) and q.service("a", now + 1) == 1.0
     assert drain(q, [POOL], now + 1) == ["b", "a"]  # b: 1 s half a second earlier
@@ -377,3 +382,68 @@ def test_first_says_whether_a_flow_asking_now_would_go_before_those_waiting() ->
     q.started(bob, T0 + 2)
     q.started(bob, T0 + 2)
     assert not q.first("bob", [POOL])  # two running now: alice's goes first
+
+
+def test_a_new_flow_starts_level_with_those_served_not_ahead_of_them() -> None:
+    q: FairQueue[str] = FairQueue()
+    victim = Flow("victim")
+    q.started(victim, T0)
+    q.finished(victim, 12.0, T0 + 12)  # served alone: no more than its share
+    queued(q, POOL, victim, "victim", T0 + 13)
+    queued(q, POOL, Flow("10.0.0.7"), "newcomer", T0 + 13.5)
+
+    assert drain(q, [POOL], T0 + 14) == ["victim", "newcomer"]
+
+
+def rotating(seconds: float) -> list[float]:
+    """The audit's attack on a keyless route: 4 slots, each request holding one 12 s;
+    an attacker keeps 8 requests waiting, each from an address never seen before; the
+    victim, from one address, sends one at a time, 1 s after its last answer. Returns
+    the victim's waits (``inf`` for the one still waiting at the end)."""
+    hold, think, slots, flood = 12.0, 1.0, 4, 8
+    q: FairQueue[str] = FairQueue()
+    victim, addresses = Flow("10.0.0.1"), count(2)
+    events: list[tuple[float, int, str, Flow]] = []
+    order = count()
+
+    def attacker() -> Flow:
+        n = next(addresses)
+        return Flow(f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
+
+    for i in range(slots):
+        flow = attacker()
+        q.started(flow, 0.0)
+        heapq.heappush(events, (3.0 * (i + 1), next(order), "free", flow))
+    heapq.heappush(events, (0.5, next(order), "arrive", victim))
+    waits, asked = [], None
+    while events and events[0][0] <= seconds:
+        now, _, kind, flow = heapq.heappop(events)
+        if kind == "arrive":
+            queued(q, POOL, victim, "victim", now)
+            asked = now
+        else:
+            q.finished(flow, hold, now)
+            if flow is victim:
+                heapq.heappush(events, (now + think, next(order), "arrive", victim))
+            got = None
+            while q.waiting() < flood or got is None:
+                if q.waiting() < flood:
+                    queued(q, POOL, attacker(), "attacker", now)
+                    continue
+                got = q.pop([POOL], now)
+            if got.flow is victim:
+                assert asked is not None
+                waits.append(now - asked)
+                asked = None
+            heapq.heappush(events, (now + hold, next(order), "free", got.flow))
+    return waits + ([math.inf] if asked is not None else [])
+
+
+def test_many_addresses_do_not_keep_one_client_waiting_for_ever() -> None:
+    waits = rotating(600.0)
+    print(f"\nvictim's waits beside a rotating flood: {[round(w, 1) for w in waits]}")
+
+    # 13 flows active (4 running, 8 waiting, the victim): each gets about a 13th of
+    # the 4 slots, so the victim waits about 13 slot-frees of 3 s for each turn
+    assert len(waits) >= 8
+    assert max(waits) <= 13 * 3.0 + 3.0
