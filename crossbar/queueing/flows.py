@@ -43,6 +43,11 @@ class Flow:
     max_waiting: int | None = attrs.field(default=None, validator=_optional_ge(0))
     """Past this many waiting (in all pools), another is refused."""
 
+    def may_start(self, in_flight: int) -> bool:
+        """Whether one more of its requests may go to a slot while ``in_flight`` of them
+        are running: below its ``max_in_flight``, whether a slot is free or not."""
+        return self.max_in_flight is None or in_flight < self.max_in_flight
+
 
 @attrs.frozen
 class PoolLimit:
@@ -68,7 +73,21 @@ def refusal(name: str, limit: int, waited: float) -> Refused:
     """A 429 in words; retry after about as long as the oldest of those waiting has
     waited (roughly how long the queue takes to turn over), 1 s to 5 min."""
     words = f"{limit} requests already waiting" if limit else "every slot is busy, none may wait"
-    return Refused(429, f"{name}: {words}", min(WINDOW_SECONDS, max(1, math.ceil(waited))))
+    return Refused(429, f"{name}: {words}", _retry_after(waited))
+
+
+def gave_way(name: str, limit: int, held: int, waited: float) -> Refused:
+    """The 429 in words for a request that gave its place up in ``name``'s full waiting
+    room: its client held the most places (``held``), and one holding fewer came."""
+    words = (
+        f"{name}: {limit} requests already waiting, {held} of them this client's, the most"
+        " of any: its newest gave way to another client's"
+    )
+    return Refused(429, words, _retry_after(waited))
+
+
+def _retry_after(waited: float) -> int:
+    return min(WINDOW_SECONDS, max(1, math.ceil(waited)))
 
 
 def flow_of(
@@ -88,7 +107,7 @@ def flow_of(
             headers = list(headers)
             key = key_held(headers, route.api_keys)
         if key is not None:
-            return _key_flow(key)
+            return _key_flow(key, route)
     if trusted:
         client = forwarded_client(client, headers, trusted)
     return Flow(client_group(client), band_of(None))
@@ -170,22 +189,28 @@ def _one_of(key: Secret, keys: Iterable[Secret]) -> bool:
     return False
 
 
-_FLOWS: dict[int, tuple[Secret, Flow]] = {}
-"""Each configured key's flow, made once (a frozen value, checked as it is built)."""
+_FLOWS: dict[tuple[int, int | None, int | None], tuple[Secret, Flow]] = {}
+"""Each configured key's flow, with each route's limits for keys without their own,
+made once (a frozen value, checked as it is built)."""
 
 
-def _key_flow(key: Secret) -> Flow:
-    known = _FLOWS.get(id(key))
+def _key_flow(key: Secret, route: RouteConfig) -> Flow:
+    in_flight, waiting = route.max_in_flight_per_key, route.max_waiting_per_key
+    known = _FLOWS.get((id(key), in_flight, waiting))
     if known is not None and known[0] is key:
         return known[1]
     holder = key.holder
     if holder is None:
-        flow = Flow(f"key-{_fingerprint(key.value)}", band_of(None))
+        flow = Flow(f"key-{_fingerprint(key.value)}", band_of(None), in_flight, waiting)
     else:
-        flow = Flow(holder.name, band_of(holder), holder.max_in_flight, holder.max_waiting)
+        if holder.max_in_flight is not None:
+            in_flight = holder.max_in_flight
+        if holder.max_waiting is not None:
+            waiting = holder.max_waiting
+        flow = Flow(holder.name, band_of(holder), in_flight, waiting)
     if len(_FLOWS) >= 1024:  # reloads made new keys: the old ones go
         _FLOWS.clear()
-    _FLOWS[id(key)] = (key, flow)
+    _FLOWS[id(key), route.max_in_flight_per_key, route.max_waiting_per_key] = (key, flow)
     return flow
 
 

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from crossbar.config import KeyHolder, RouteConfig, Secret
+from crossbar.config import ConfigError, KeyHolder, RouteConfig, Secret, parse_config
 from crossbar.queueing import flow_of
 from crossbar.queueing.flows import Flow, PoolLimit, Refused, client_group, refusal
 from crossbar.queueing.queue import FairQueue, Waiting
@@ -84,3 +84,42 @@ def test_behind_a_trusted_proxy_the_flow_is_the_client_it_forwards(
     head = [(b"X-Forwarded-For", forwarded)] if forwarded else []
     assert flow_of(open_route, head, peer, None, PROXY).name == client
     assert flow_of(open_route, iter(head), peer, None, ()).name == client_group(peer)
+
+
+def test_a_route_gives_keys_without_limits_of_their_own_its_per_key_limits() -> None:
+    config = parse_config(
+        {
+            "hosts": {"gpu": "http://127.0.0.1:18081"},
+            "api_keys": [
+                "u" * 24,
+                {"name": "alice", "key": "a" * 24},
+                {"name": "bob", "key": "b" * 24, "max_in_flight": 8, "max_waiting": 1},
+            ],
+            "routes": {
+                "lab": {"hosts": ["gpu"], "max_waiting_per_key": 4, "max_in_flight_per_key": 2},
+                "open": {"hosts": ["gpu"]},
+            },
+        }
+    )
+    lab, other = config.routes["lab"], config.routes["open"]
+    unnamed, alice, bob = (flow_of(lab, [], "", key) for key in lab.api_keys)
+    assert (unnamed.max_in_flight, unnamed.max_waiting) == (2, 4)
+    assert (alice.max_in_flight, alice.max_waiting) == (2, 4)
+    assert (bob.max_in_flight, bob.max_waiting) == (8, 1)  # its own, over the route's
+    assert flow_of(other, [], "", other.api_keys[0]).max_waiting is None  # none stated: none
+
+    q: FairQueue[str] = FairQueue()
+    for i in range(4):
+        assert isinstance(q.push("pool", unnamed, str(i), 0.0), Waiting)
+    assert q.push("pool", unnamed, "5th", 0.0) == Refused(
+        429, f"{unnamed.name}: 4 requests already waiting", 1
+    )
+
+
+@pytest.mark.parametrize("key", ["max_waiting_per_key", "max_in_flight_per_key"])
+@pytest.mark.parametrize("value", [0, -1, "many", True])
+def test_a_route_s_per_key_limit_is_a_whole_number(key: str, value: object) -> None:
+    spec = {"hosts": {"gpu": "http://127.0.0.1:18081"}, "routes": {"lab": {"hosts": ["gpu"]}}}
+    spec["routes"]["lab"][key] = value  # type: ignore[index]
+    with pytest.raises(ConfigError, match=f"routes.lab.{key}: must be a whole number"):
+        parse_config(spec)
