@@ -447,3 +447,97 @@ def test_many_addresses_do_not_keep_one_client_waiting_for_ever() -> None:
     # the 4 slots, so the victim waits about 13 slot-frees of 3 s for each turn
     assert len(waits) >= 8
     assert max(waits) <= 13 * 3.0 + 3.0
+
+
+LAB_POOLS = [("lab", "m1"), ("lab", "m2"), ("lab", "m1", "gpu-a")]  # models, a home host
+
+
+def test_a_route_s_max_waiting_counts_every_pool_of_it() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit = PoolLimit("lab", 4)
+    for i in range(4):
+        got = q.push(LAB_POOLS[i % 3], Flow(f"agent-{i}"), str(i), T0 + i, pool_limit=limit)
+        assert isinstance(got, Waiting)
+
+    for pool in LAB_POOLS:
+        refused = q.push(pool, Flow("late"), "x", T0 + 5.5, pool_limit=limit)
+        assert refused == Refused(429, "lab: 4 requests already waiting", 6)
+    assert q.waiting() == 4
+    queued(q, ("code", "m1"), Flow("late"), "another route has its own room")
+    q.pop([("lab", "m2")], T0 + 6)
+    assert isinstance(
+        q.push(("lab", "m1"), Flow("late"), "room again", T0 + 6, None, limit), Waiting
+    )
+
+
+def test_a_request_moved_to_another_pool_of_its_route_keeps_its_one_place() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit = PoolLimit("lab", 2)
+    home = q.push(("lab", "m1", "gpu-a"), Flow("alice"), "turn", T0, T0 + 120, limit)
+    assert isinstance(home, Waiting)
+    queued_with = q.push(("lab", "m1"), Flow("bob"), "b", T0 + 1, pool_limit=limit)
+    assert isinstance(queued_with, Waiting)
+    q.remove(home)  # its home_wait is over: to any host of its group
+    moved = q.push(("lab", "m1"), home.flow, home.item, T0 + 5, home.deadline, limit, home.arrived)
+    assert isinstance(moved, Waiting) and moved.arrived == T0
+
+    assert isinstance(q.push(("lab", "m2"), Flow("carol"), "c", T0 + 6, pool_limit=limit), Refused)
+
+
+def test_a_full_room_sheds_the_newest_of_the_flow_holding_the_most_places() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit, hog, carol = PoolLimit("lab", 20), Flow("hog"), Flow("carol", band=0)
+    for i in range(20):
+        assert isinstance(q.push(LAB_POOLS[i % 2], hog, f"h{i}", T0 + i / 10, None, limit), Waiting)
+    assert isinstance(
+        q.push(LAB_POOLS[2], carol, "c", T0 + 3, pool_limit=limit), Refused
+    )  # as before
+
+    made = q.make_room(carol, limit, T0 + 3)
+    assert made is not None
+    shed, refused = made
+    assert shed.item == "h19" and not shed.live
+    assert refused == Refused(
+        429,
+        "lab: 20 requests already waiting, 20 of them this client's, the most of any: its"
+        " newest gave way to another client's",
+        3,
+    )
+    assert isinstance(q.push(LAB_POOLS[2], carol, "c", T0 + 3, pool_limit=limit), Waiting)
+    assert q.waiting() == 20 and q.flow("hog") == (19, 0)
+    assert q.make_room(hog, limit, T0 + 3) is None  # the biggest holder makes none for itself
+    assert q.make_room(Flow("dave", max_waiting=0), limit, T0 + 3) is None  # may not wait
+    assert q.make_room(Flow("dave"), PoolLimit("lab", 21), T0 + 3) is None  # room left
+
+    for i in range(18):  # one newcomer after another, each holding nothing yet
+        newcomer = Flow(f"client-{i}")
+        assert q.make_room(newcomer, limit, T0 + 4) is not None
+        assert isinstance(q.push(LAB_POOLS[2], newcomer, "n", T0 + 4, pool_limit=limit), Waiting)
+    assert q.flow("hog") == (1, 0)
+    assert q.make_room(Flow("client-99"), limit, T0 + 4) is None  # each holds one: fair
+    assert drain(q, LAB_POOLS, T0 + 5)[0] == "c"  # still waiting, first
+
+
+def test_among_equal_holders_the_lowest_band_gives_way_first() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit = PoolLimit("lab", 6)
+    for flow in (Flow("night", band=2), Flow("alice", band=1), Flow("bob", band=0)):
+        for i in range(2):
+            assert isinstance(q.push(POOL, flow, f"{flow.name}{i}", T0, None, limit), Waiting)
+    made = q.make_room(Flow("new"), limit, T0)
+    assert made is not None and made[0].item == "night1"
+
+
+def test_a_flow_at_its_max_in_flight_may_not_start_even_with_a_slot_free() -> None:
+    q: FairQueue[str] = FairQueue()
+    capped, other = Flow("capped", max_in_flight=1), Flow("other")
+    assert q.may_start(capped)
+    q.started(capped, T0)  # sent at once: a slot was free
+    assert not q.may_start(capped)
+    assert q.may_start(other)
+    queued(q, POOL, capped, "waits for its own to end", T0)
+    assert q.pop([POOL], T0) is None
+    q.finished(capped, 3.0, T0 + 3)
+    assert q.may_start(capped)
+    assert q.pop([POOL], T0 + 3).item == "waits for its own to end"  # type: ignore[union-attr]
+    assert not q.may_start(capped)  # a popped one runs too
