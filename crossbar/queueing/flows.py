@@ -1,6 +1,8 @@
 """Who a request is, for fairness, and what it may do: a flow (a client, by name, with its
-band and limits), the one rule that gives a flow its band, a pool's limit, and a refusal
-in words. Values and pure rules only, no I/O."""
+band and limits), made from a request by :func:`flow_of` (its key's holder, an unnamed
+key, or its client's address: an IPv6 client's /64, behind a trusted proxy the client it
+forwards), the one rule that gives a flow its band, a room's limit, and a refusal in
+words. Values and pure rules only, no I/O."""
 
 from __future__ import annotations
 
