@@ -53,7 +53,8 @@ class Flow:
 
 @attrs.frozen
 class PoolLimit:
-    """How many may wait in one pool, and the name a refusal gives it (e.g. the route)."""
+    """How many may wait in one room (a route: every pool of it), which its name names
+    (and a refusal gives)."""
 
     name: str
     max_waiting: int = attrs.field(validator=attrs.validators.ge(0))
