@@ -44,7 +44,7 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
 _ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
 _ROUTE_KEYS |= {"affinity_max_load", "home_wait", "queue", "max_waiting", "wait_timeout"}
-_ROUTE_KEYS |= {"spillover"}
+_ROUTE_KEYS |= {"spillover", "max_waiting_per_key", "max_in_flight_per_key"}
 _HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 _HOST_KEYS = {"url", "api_key", "tls_ca", "slots"} | SETTING_KEYS
@@ -346,8 +346,14 @@ def _route(
         r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
         _home_wait(r, key, body, policy),
+        _per_key(r, f"{key}.max_waiting_per_key", body.get("max_waiting_per_key")),
+        _per_key(r, f"{key}.max_in_flight_per_key", body.get("max_in_flight_per_key")),
         r.convert(f"{key}.spillover", parse_flag, body.get("spillover", False)),
     )
+
+
+def _per_key(r: _Reader, where: str, value: object) -> int | None:
+    return None if value is None else int(r.convert(where, parse_count, value))
 
 
 MAX_HOME_WAIT = 60.0

@@ -110,13 +110,22 @@ class RouteConfig:
     """Requests wait in crossbar when every host of their group has all its slots busy
     (where slots are known); ``False``: sent on at once, for the host to queue."""
     max_waiting: int = 256
-    """Requests of this route waiting in crossbar at once; more are answered 429."""
+    """Requests of this route waiting in crossbar at once (every model, every host); when
+    full, the newest of the key or client holding the most places gives way to one
+    holding fewer, else the newcomer is answered 429."""
     wait_timeout: float = 120.0
     """Seconds a request may wait in crossbar for a slot; then it is answered 429."""
     home_wait: float = HOME_WAIT
     """``cache_affinity``: seconds a turn whose host (where its conversation's prompt is
     cached) has every slot busy waits for a slot there before it takes another host's
     (0: sent on at once, as before). Moving prefills the whole conversation again."""
+    max_waiting_per_key: int | None = None
+    """Requests of one key waiting at once, for a key without a ``max_waiting`` of its own
+    (an unnamed key too); ``None``: no limit but the route's."""
+    max_in_flight_per_key: int | None = None
+    """Requests of one key sent to hosts at once (more wait, even with a slot free), for a
+    key without a ``max_in_flight`` of its own; ``None``: no limit. A key's requests are
+    counted across routes, against the limit of the route each comes on."""
     spillover: bool = False
     """When every host with the model loaded has all its slots busy and a request would
     wait, start one more copy where it is cheapest (a free instance or an idle model to

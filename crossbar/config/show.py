@@ -96,6 +96,8 @@ def _route(route: RouteConfig) -> dict[str, Any]:
         "api_keys": [_masked(key) for key in route.api_keys],
         "queue": route.queue,
         "max_waiting": route.max_waiting,
+        "max_waiting_per_key": route.max_waiting_per_key,
+        "max_in_flight_per_key": route.max_in_flight_per_key,
         "wait_timeout": route.wait_timeout,
         "spillover": route.spillover,
     }

@@ -9,7 +9,6 @@ What is refused or closed is logged at most one line of each kind every
 
 from __future__ import annotations
 
-import ipaddress
 from collections import Counter
 from typing import Any, Protocol
 
@@ -19,6 +18,7 @@ from twisted.logger import Logger
 from crossbar.config import Limits, Network
 from crossbar.http.headers import trusted_proxy
 from crossbar.http.timers import stop
+from crossbar.queueing import client_group
 
 LOGGED_EVERY = 10.0
 """Seconds between two log lines about connections refused or closed at the caps."""
@@ -171,19 +171,12 @@ class Connections:
 
 def client_of(addr: IAddress | None, trusted: tuple[Network, ...]) -> str | None:
     """The client whose share a connection from ``addr`` counts in: its IP address, or
-    for IPv6 its /64 (what one machine is given); ``None`` for one of the trusted
-    proxies (many clients behind each) or a peer with no IP address (a UNIX socket)."""
+    for IPv6 its /64 (what one machine is given; :func:`~crossbar.queueing.client_group`,
+    as the fair queue's flows); ``None`` for one of the trusted proxies (many clients
+    behind each) or a peer with no IP address (a UNIX socket)."""
     host = getattr(addr, "host", None)
     if not isinstance(host, str) or not host:
         return None
     if trusted and trusted_proxy(host, trusted):
         return None
-    if ":" not in host:
-        return host
-    try:
-        address = ipaddress.IPv6Address(host.partition("%")[0])
-    except ValueError:
-        return host
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return client_group(host)

@@ -1,10 +1,11 @@
 """Queueing: requests that wait in crossbar for a slot, the flows they belong to, and which
 one is sent when a slot frees (fair between flows, by band)."""
 
+from crossbar.queueing.flows import client_group, flow_of
 from crossbar.queueing.queue import Flow, Refused, Waiting
 from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotUse
 from crossbar.queueing.traffic import Traffic
-from crossbar.queueing.waits import Waiter, Waits, flow_of
+from crossbar.queueing.waits import Waiter, Waits
 
 __all__ = [
     "WINDOW_SECONDS",
@@ -15,5 +16,6 @@ __all__ = [
     "Waiter",
     "Waiting",
     "Waits",
+    "client_group",
     "flow_of",
 ]

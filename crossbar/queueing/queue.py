@@ -8,6 +8,13 @@ Service lately is, first, the flow's requests in flight now (one keeping 16 goin
 after one with none, whatever their pasts), then its slot-seconds decayed with a
 half-life, so what it used an hour ago is forgiven.
 
+A flow that becomes active (new, or back from idle) starts at the queue's *virtual time*
+when that is more than its own service: the service each active flow has had, as fair
+queueing keeps it (each request that ends adds its slot-seconds shared among the flows
+active then). So a client unseen before, or one address of many, starts level with the
+flows being served rather than ahead of every one of them, and what a flow used while no
+other wanted a slot is not held against it.
+
 Decayed sums are ``v = sum(seconds * 2**((t - t0) / H))``: all flows decay by one factor,
 so comparing ``v`` compares decayed service exactly; ``t0`` moves on before the exponent
 grows large. Each pool has a heap of its flows; stale entries are skipped, and a heap is
@@ -22,11 +29,12 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
 from itertools import count
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
 
-from crossbar.queueing.flows import Flow, PoolLimit, Refused, refusal
+from crossbar.queueing.flows import Flow, PoolLimit, Refused, gave_way, refusal
+from crossbar.queueing.rooms import SLACK, Entry, Lane, Pool, Room, Waiting, age
 from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotTime, SlotUse
 
 __all__ = ["FairQueue", "Flow", "PoolLimit", "Refused", "Waiting"]
@@ -37,43 +45,6 @@ _RENORMALISE = 32.0
 """Half-lives after ``t0`` past which every ``v`` is rescaled (``2**32``: far from overflow)."""
 _FORGET_BELOW = 1e-3
 """Decayed slot-seconds below which an idle flow is as good as new and is forgotten."""
-_SLACK = 16  # stale entries a heap or line may hold beyond as many as its live ones
-
-
-@attrs.define(eq=False)
-class Waiting(Generic[T]):
-    """One request waiting, as :meth:`FairQueue.push` gave it; read-only to callers."""
-
-    item: T
-    flow: Flow
-    pool: Hashable
-    arrived: float
-    deadline: float | None
-    seq: int = attrs.field(repr=False)
-    live: bool = True
-    """Still waiting: not yet popped, removed or expired."""
-
-
-@attrs.define(eq=False)
-class _Lane:
-    """One flow's requests in one pool, in arrival order, and its entry in the pool's heap."""
-
-    line: deque[Waiting[Any]] = attrs.Factory(deque)
-    live: int = 0
-    entry: _Entry | None = None
-
-
-_Entry = tuple[int, int, float, int, int, _Lane]
-"""Band, in flight, ``v``, the lane's first request's number, a tie-break; the lane."""
-
-
-@attrs.define(eq=False)
-class _Pool:
-    heap: list[_Entry] = attrs.Factory(list)
-    lanes: dict[str, _Lane] = attrs.Factory(dict)
-    order: deque[Waiting[Any]] = attrs.Factory(deque)
-    """Every request of the pool in arrival order: its first live one is the oldest."""
-    live: int = 0
 
 
 @attrs.define(eq=False)
@@ -83,7 +54,7 @@ class _FlowState:
     in_flight: int = 0
     waiting: int = 0
     v: float = 0.0
-    lanes: dict[Hashable, _Lane] = attrs.Factory(dict)
+    lanes: dict[Hashable, Lane] = attrs.Factory(dict)
 
 
 class FairQueue(Generic[T]):
@@ -97,9 +68,12 @@ class FairQueue(Generic[T]):
         self._t0: float | None = None
         self._flows: dict[str, _FlowState] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # idle flows, least recent first
-        self._pools: dict[Hashable, _Pool] = {}
+        self._pools: dict[Hashable, Pool] = {}
+        self._rooms: dict[str, Room] = {}
         self._deadlines: list[tuple[float, int, Waiting[T]]] = []
         self._waiting = 0
+        self._vtime = 0.0
+        """The virtual time, in ``v``'s units: where a flow that becomes active starts."""
         self._seq = count()
         self._used = SlotTime()
 
@@ -115,23 +89,30 @@ class FairQueue(Generic[T]):
     ) -> Waiting[T] | Refused:
         """Queue ``item`` in ``pool``, or say in words why not (429): the flow or the
         pool already has as many waiting as it may. Never raises. ``arrived``: when it
-        began waiting, when before ``now`` (moved from another pool)."""
+        began waiting, when before ``now`` (moved from another pool). ``pool_limit``: the
+        room it counts in (its route, all pools of it) and how many may wait there."""
         state, found, refused = self._state(flow, now), self._pools.get(pool), None
+        room = self._rooms.get(pool_limit.name) if pool_limit is not None else None
         if flow.max_waiting is not None and state.waiting >= flow.max_waiting:
             oldest = min((lane.line[0].arrived for lane in state.lanes.values()), default=now)
             refused = refusal(flow.name, flow.max_waiting, now - oldest)
-        elif pool_limit is not None and (found.live if found else 0) >= pool_limit.max_waiting:
-            refused = refusal(pool_limit.name, pool_limit.max_waiting, self._age(found, now))
+        elif pool_limit is not None and (room.live if room else 0) >= pool_limit.max_waiting:
+            waited = age(room.order, now) if room is not None else 0.0
+            refused = refusal(pool_limit.name, pool_limit.max_waiting, waited)
         if refused is not None:
             self._settle(state, now)
             return refused
-        box = found if found is not None else self._pools.setdefault(pool, _Pool())
+        self._wake(state)
+        box = found if found is not None else self._pools.setdefault(pool, Pool())
         deadline = deadline if deadline is not None and math.isfinite(deadline) else None
         since = now if arrived is None else arrived
         waiting: Waiting[T] = Waiting(item, flow, pool, since, deadline, next(self._seq))
+        if pool_limit is not None:
+            waiting.room = pool_limit.name
+            self._rooms.setdefault(pool_limit.name, Room()).add(waiting)
         lane = state.lanes.get(pool)
         if lane is None:
-            lane = state.lanes[pool] = box.lanes[flow.name] = _Lane()
+            lane = state.lanes[pool] = box.lanes[flow.name] = Lane()
         lane.line.append(waiting)
         box.order.append(waiting)
         lane.live += 1
@@ -150,7 +131,7 @@ class FairQueue(Generic[T]):
         started for its flow (do not call :meth:`started` for it); ``None`` when none of
         those pools has a request of a flow below its ``max_in_flight``."""
         self._renormalise(now)
-        best: _Entry | None = None
+        best: Entry | None = None
         for pool in pools:
             box = self._pools.get(pool)
             if box is None:
@@ -170,6 +151,35 @@ class FairQueue(Generic[T]):
         self._refresh(state)
         self._settle(state, now)
         return waiting
+
+    def may_start(self, flow: Flow) -> bool:
+        """Whether a request of ``flow`` may go to a slot now, free slots or not: fewer
+        than its ``max_in_flight`` of its requests are running (sent after waiting here
+        or not). Else it is to wait (:meth:`push`) for one of them to end."""
+        state = self._flows.get(flow.name)
+        return flow.may_start(state.in_flight if state is not None else 0)
+
+    def make_room(
+        self, flow: Flow, limit: PoolLimit, now: float
+    ) -> tuple[Waiting[T], Refused] | None:
+        """When ``limit``'s room (its route, every pool of it) is full, the newest request
+        of the flow holding the most places there (two more than ``flow`` at least),
+        taken out, with the 429 in words to answer it with; ``None`` when there is room,
+        when no flow holds more than its share, or when ``flow`` may not wait anyway
+        (past its own ``max_waiting``): then :meth:`push` refuses ``flow``'s request."""
+        room = self._rooms.get(limit.name)
+        if room is None or room.live < limit.max_waiting:
+            return None
+        waiting, _ = self.flow(flow.name)
+        if flow.max_waiting is not None and waiting >= flow.max_waiting:
+            return None
+        name = room.most(room.places.get(flow.name, 0))
+        if name is None:
+            return None
+        newest: Waiting[T] = room.newest(name)
+        refused = gave_way(limit.name, limit.max_waiting, room.places[name], age(room.order, now))
+        self.remove(newest)
+        return newest, refused
 
     def remove(self, waiting: Waiting[T]) -> None:
         """The client left while waiting: never pop it. Nothing if it already went."""
@@ -191,6 +201,7 @@ class FairQueue(Generic[T]):
     def started(self, flow: Flow, now: float) -> None:
         """A request of ``flow`` went to a host without waiting here."""
         state = self._state(flow, now)
+        self._wake(state)
         state.in_flight += 1
         if state.lanes:
             self._refresh(state)
@@ -204,7 +215,9 @@ class FairQueue(Generic[T]):
         seconds = seconds if math.isfinite(seconds) and seconds > 0 else 0.0
         if seconds:
             t0 = self._t0 if self._t0 is not None else now
-            state.v += seconds * math.exp2((now - t0) / self._half_life)
+            scaled = seconds * math.exp2((now - t0) / self._half_life)
+            state.v += scaled
+            self._vtime += scaled / max(1, len(self._flows) - len(self._idle))
         self._used.add(flow.name, seconds, now)
         if state.lanes:
             self._refresh(state)
@@ -214,10 +227,10 @@ class FairQueue(Generic[T]):
         """Whether flow ``name``, were it to ask now, would go before every request
         waiting in ``pools`` (and is below its ``max_in_flight``)."""
         state = self._flows.get(name)
-        limit = state.flow.max_in_flight if state is not None else None
-        if state is None or (limit is not None and state.in_flight >= limit):
+        if state is None or not state.flow.may_start(state.in_flight):
             return False
-        key = (state.flow.band, state.in_flight, state.v)
+        v = state.v if state.in_flight or state.waiting else max(state.v, self._vtime)
+        key = (state.flow.band, state.in_flight, v)
         for pool in pools:
             heap = self._pools[pool].heap if pool in self._pools else []
             while heap and heap[0] is not heap[0][-1].entry:
@@ -245,10 +258,11 @@ class FairQueue(Generic[T]):
     def oldest(self, pool: Hashable, now: float) -> float | None:
         """Seconds the oldest request waiting in ``pool`` has waited; ``None`` if none."""
         box = self._pools.get(pool)
-        return self._age(box, now) if box is not None else None
+        return age(box.order, now) if box is not None else None
 
     def service(self, name: str, now: float) -> float:
-        """Flow ``name``'s slot-seconds decayed to ``now`` (or to ``t0`` if that is later)."""
+        """Flow ``name``'s service decayed to ``now`` (or to ``t0`` if that is later): its
+        slot-seconds since it last became active, on top of the virtual time then."""
         state = self._flows.get(name)
         if state is None or self._t0 is None:
             return 0.0
@@ -287,6 +301,12 @@ class FairQueue(Generic[T]):
         state.active = now
         return state
 
+    def _wake(self, state: _FlowState) -> None:
+        """A flow with nothing running or waiting becomes active: it starts no lower
+        than the virtual time (its own past, when more, is kept)."""
+        if not state.in_flight and not state.waiting and state.v < self._vtime:
+            state.v = self._vtime
+
     def _settle(self, state: _FlowState, now: float) -> None:
         """Note whether ``state`` is idle, and forget idle flows that are due."""
         name = state.flow.name
@@ -310,6 +330,11 @@ class FairQueue(Generic[T]):
         """Take ``waiting`` out of its lane and pool (it goes, or it left); ``enter``:
         give its lane a new entry if it was first (else the caller refreshes them all)."""
         waiting.live = False
+        if waiting.room is not None:
+            room = self._rooms[waiting.room]
+            room.drop(waiting)
+            if not room.live:
+                del self._rooms[waiting.room]
         box = self._pools[waiting.pool]
         lane = state.lanes[waiting.pool]
         lane.live -= 1
@@ -321,29 +346,28 @@ class FairQueue(Generic[T]):
             del state.lanes[waiting.pool], box.lanes[waiting.flow.name]
         elif enter and lane.line[0] is waiting:
             self._enter(state, lane, box)  # a new first one: a new entry
-        elif len(lane.line) > 2 * lane.live + _SLACK:
+        elif len(lane.line) > 2 * lane.live + SLACK:
             lane.line = deque(w for w in lane.line if w.live)
         if not box.live:
             del self._pools[waiting.pool]
-        elif len(box.order) > 2 * box.live + _SLACK:
+        elif len(box.order) > 2 * box.live + SLACK:
             box.order = deque(w for w in box.order if w.live)
-        if len(self._deadlines) > 2 * self._waiting + _SLACK:
+        if len(self._deadlines) > 2 * self._waiting + SLACK:
             self._deadlines = [d for d in self._deadlines if d[2].live]
             heapq.heapify(self._deadlines)
 
-    def _enter(self, state: _FlowState, lane: _Lane, box: _Pool) -> None:
+    def _enter(self, state: _FlowState, lane: Lane, box: Pool) -> None:
         """Give ``lane`` a fresh entry in its pool's heap for its flow's key now (none if
         the flow is at its ``max_in_flight``), the old one left to be skipped."""
         while not lane.line[0].live:
             lane.line.popleft()
-        limit = state.flow.max_in_flight
-        if limit is not None and state.in_flight >= limit:
+        if not state.flow.may_start(state.in_flight):
             lane.entry = None
             return
         key = (state.flow.band, state.in_flight, state.v, lane.line[0].seq, next(self._seq))
         lane.entry = (*key, lane)
         heapq.heappush(box.heap, lane.entry)
-        if len(box.heap) > 2 * len(box.lanes) + _SLACK:
+        if len(box.heap) > 2 * len(box.lanes) + SLACK:
             box.heap = [ln.entry for ln in box.lanes.values() if ln.entry is not None]
             heapq.heapify(box.heap)
 
@@ -361,14 +385,9 @@ class FairQueue(Generic[T]):
             return
         factor = math.exp2(-(now - self._t0) / self._half_life)
         self._t0 = now
+        self._vtime *= factor
         for box in self._pools.values():
             box.heap = []
         for state in self._flows.values():
             state.v *= factor
             self._refresh(state)
-
-    def _age(self, box: _Pool | None, now: float) -> float:
-        """Seconds the oldest request in ``box`` has waited."""
-        while box is not None and not box.order[0].live:
-            box.order.popleft()
-        return now - box.order[0].arrived if box is not None else 0.0

@@ -18,14 +18,12 @@ room), and the move prefills the conversation again there.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Hashable, Iterable
-from hashlib import blake2b
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from crossbar.config import Config, RouteConfig, Secret, key_held
+from crossbar.config import Config, RouteConfig
 from crossbar.polling import HealthTable
 from crossbar.queueing.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.queueing.traffic import Traffic
@@ -39,7 +37,6 @@ has nothing else running or waiting and would be served first: its next request 
 it, rather than finding it given away a moment before it came (then waiting for a whole
 answer to end). Measured on the simulator with the queue full: a light flow's next
 request came 4.5 ms (p50) and 17.6 ms (p95) after its last ended."""
-BANDS = {"interactive": 0, "normal": 1, "batch": 2}
 
 
 class Waiter(Protocol):
@@ -303,54 +300,3 @@ class Waits:
             waiting.item.shed(Refused(503, "crossbar is stopping", 5, "stopping"))
         for name in list(self._kept):
             self._release(name)
-
-
-def flow_of(
-    route: RouteConfig, headers: Iterable[tuple[bytes, Any]], client: str, key: Secret | None = None
-) -> Flow:
-    """Who a request is, for fairness: its key's holder (by name), an unnamed key (by a
-    short fingerprint that cannot be turned back into it), else the client's address.
-    ``key``: the one the door let it in with, if it is one of the route's (else the
-    head is read again)."""
-    if route.api_keys:
-        if key is None or not _one_of(key, route.api_keys):
-            key = key_held(list(headers), route.api_keys)
-        if key is not None:
-            return _key_flow(key)
-    return Flow(client, BANDS["normal"])
-
-
-def _one_of(key: Secret, keys: Iterable[Secret]) -> bool:
-    """Whether ``key`` is one of ``keys`` itself (not merely equal): a loop, as a
-    generator costs a frame on every keyed request."""
-    for mine in keys:  # noqa: SIM110
-        if mine is key:
-            return True
-    return False
-
-
-_FLOWS: dict[int, tuple[Secret, Flow]] = {}
-"""Each configured key's flow, made once (a frozen value, checked as it is built)."""
-
-
-def _key_flow(key: Secret) -> Flow:
-    known = _FLOWS.get(id(key))
-    if known is not None and known[0] is key:
-        return known[1]
-    holder = key.holder
-    if holder is None:
-        flow = Flow(f"key-{_fingerprint(key.value)}")
-    else:
-        flow = Flow(
-            holder.name, BANDS.get(holder.priority, 1), holder.max_in_flight, holder.max_waiting
-        )
-    if len(_FLOWS) >= 1024:  # reloads made new keys: the old ones go
-        _FLOWS.clear()
-    _FLOWS[id(key)] = (key, flow)
-    return flow
-
-
-@functools.lru_cache(maxsize=256)
-def _fingerprint(value: bytes) -> str:
-    """Remembered: called with configured keys' values only, a few, on every request."""
-    return blake2b(value, digest_size=4, person=b"crossbar-flow").hexdigest()

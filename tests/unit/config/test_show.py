@@ -134,6 +134,8 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "api_keys": [],
         "queue": True,
         "max_waiting": 256,
+        "max_waiting_per_key": None,
+        "max_in_flight_per_key": None,
         "wait_timeout": 120.0,
         "spillover": False,
     }

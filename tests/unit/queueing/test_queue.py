@@ -245,17 +245,23 @@ def test_expired_gives_the_requests_past_their_deadline_once() -> None:
 
 def test_what_a_flow_used_long_ago_is_forgiven() -> None:
     q: FairQueue[str] = FairQueue(half_life=60.0)
-    old, recent = Flow("old"), Flow("recent")
-    q.started(old, T0)
-    q.finished(old, 1000.0, T0)  # a lot, ten minutes ago
-    q.started(recent, T0 + 590)
-    q.finished(recent, 10.0, T0 + 590)  # a little, ten seconds ago
+    old, recent, other = Flow("old"), Flow("recent"), Flow("other")
+    for flow, seconds, at in ((old, 1000.0, T0), (recent, 10.0, T0 + 590)):
+        q.started(other, at)  # each beside another flow that wanted the slots too
+        q.started(flow, at)
+        q.finished(flow, seconds, at)  # a lot, ten minutes ago; a little, ten seconds ago
+        q.finished(other, 0.0, at)
     queued(q, POOL, recent, "recent", T0 + 600)
     queued(q, POOL, old, "old", T0 + 600)
 
-    assert q.service("old", T0 + 600) == pytest.approx(1000 / 1024)
-    assert q.service("recent", T0 + 600) == pytest.approx(10 * 2 ** (-10 / 60))
-    assert drain(q, [POOL], T0 + 600) == ["old", "recent"]
+    # each took twice its share beside one other; old's excess has decayed away (it
+    # starts level with a flow never seen), recent's has not
+    queued(q, POOL, Flow("new"), "new", T0 + 600)
+    assert q.service("old", T0 + 600) == q.service("new", T0 + 600)
+    assert q.service("recent", T0 + 600) - q.service("new", T0 + 600) == pytest.approx(
+        5 * 2 ** (-10 / 60)
+    )
+    assert drain(q, [POOL], T0 + 600) == ["old", "new", "recent"]
 
 
 def test_days_and_years_of_uptime_never_overflow() -> None:
@@ -268,12 +274,11 @@ def test_days_and_years_of_uptime_never_overflow() -> None:
             q.finished(flow, seconds, now)
         now += 3600.0
     now = 1e15  # and far in the future
-    q.started(a, now)
+    for flow in (a, b):  # each with one running and one waiting
+        q.started(flow, now)
+        queued(q, POOL, flow, flow.name, now)
     q.finished(a, 2.0, now)
-    q.started(b, now)
     q.finished(b, 1.0, now + 0.5)
-    queued(q, POOL, a, "a", now + 1)
-    queued(q, POOL, b, "b", now + 1)
 
     assert math.isfinite(q.service("a", now + 1)) and q.service("a", now + 1) == 1.0
     assert drain(q, [POOL], now + 1) == ["b", "a"]  # b: 1 s half a second earlier
@@ -377,3 +382,162 @@ def test_first_says_whether_a_flow_asking_now_would_go_before_those_waiting() ->
     q.started(bob, T0 + 2)
     q.started(bob, T0 + 2)
     assert not q.first("bob", [POOL])  # two running now: alice's goes first
+
+
+def test_a_new_flow_starts_level_with_those_served_not_ahead_of_them() -> None:
+    q: FairQueue[str] = FairQueue()
+    victim = Flow("victim")
+    q.started(victim, T0)
+    q.finished(victim, 12.0, T0 + 12)  # served alone: no more than its share
+    queued(q, POOL, victim, "victim", T0 + 13)
+    queued(q, POOL, Flow("10.0.0.7"), "newcomer", T0 + 13.5)
+
+    assert drain(q, [POOL], T0 + 14) == ["victim", "newcomer"]
+
+
+def rotating(seconds: float) -> list[float]:
+    """The audit's attack on a keyless route: 4 slots, each request holding one 12 s;
+    an attacker keeps 8 requests waiting, each from an address never seen before; the
+    victim, from one address, sends one at a time, 1 s after its last answer. Returns
+    the victim's waits (``inf`` for the one still waiting at the end)."""
+    hold, think, slots, flood = 12.0, 1.0, 4, 8
+    q: FairQueue[str] = FairQueue()
+    victim, addresses = Flow("10.0.0.1"), count(2)
+    events: list[tuple[float, int, str, Flow]] = []
+    order = count()
+
+    def attacker() -> Flow:
+        n = next(addresses)
+        return Flow(f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
+
+    for i in range(slots):
+        flow = attacker()
+        q.started(flow, 0.0)
+        heapq.heappush(events, (3.0 * (i + 1), next(order), "free", flow))
+    heapq.heappush(events, (0.5, next(order), "arrive", victim))
+    waits, asked = [], None
+    while events and events[0][0] <= seconds:
+        now, _, kind, flow = heapq.heappop(events)
+        if kind == "arrive":
+            queued(q, POOL, victim, "victim", now)
+            asked = now
+        else:
+            q.finished(flow, hold, now)
+            if flow is victim:
+                heapq.heappush(events, (now + think, next(order), "arrive", victim))
+            got = None
+            while q.waiting() < flood or got is None:
+                if q.waiting() < flood:
+                    queued(q, POOL, attacker(), "attacker", now)
+                    continue
+                got = q.pop([POOL], now)
+            if got.flow is victim:
+                assert asked is not None
+                waits.append(now - asked)
+                asked = None
+            heapq.heappush(events, (now + hold, next(order), "free", got.flow))
+    return waits + ([math.inf] if asked is not None else [])
+
+
+def test_many_addresses_do_not_keep_one_client_waiting_for_ever() -> None:
+    waits = rotating(600.0)
+    print(f"\nvictim's waits beside a rotating flood: {[round(w, 1) for w in waits]}")
+
+    # 13 flows active (4 running, 8 waiting, the victim): each gets about a 13th of
+    # the 4 slots, so the victim waits about 13 slot-frees of 3 s for each turn
+    assert len(waits) >= 8
+    assert max(waits) <= 13 * 3.0 + 3.0
+
+
+LAB_POOLS = [("lab", "m1"), ("lab", "m2"), ("lab", "m1", "gpu-a")]  # models, a home host
+
+
+def test_a_route_s_max_waiting_counts_every_pool_of_it() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit = PoolLimit("lab", 4)
+    for i in range(4):
+        got = q.push(LAB_POOLS[i % 3], Flow(f"agent-{i}"), str(i), T0 + i, pool_limit=limit)
+        assert isinstance(got, Waiting)
+
+    for pool in LAB_POOLS:
+        refused = q.push(pool, Flow("late"), "x", T0 + 5.5, pool_limit=limit)
+        assert refused == Refused(429, "lab: 4 requests already waiting", 6)
+    assert q.waiting() == 4
+    queued(q, ("code", "m1"), Flow("late"), "another route has its own room")
+    q.pop([("lab", "m2")], T0 + 6)
+    assert isinstance(
+        q.push(("lab", "m1"), Flow("late"), "room again", T0 + 6, None, limit), Waiting
+    )
+
+
+def test_a_request_moved_to_another_pool_of_its_route_keeps_its_one_place() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit = PoolLimit("lab", 2)
+    home = q.push(("lab", "m1", "gpu-a"), Flow("alice"), "turn", T0, T0 + 120, limit)
+    assert isinstance(home, Waiting)
+    queued_with = q.push(("lab", "m1"), Flow("bob"), "b", T0 + 1, pool_limit=limit)
+    assert isinstance(queued_with, Waiting)
+    q.remove(home)  # its home_wait is over: to any host of its group
+    moved = q.push(("lab", "m1"), home.flow, home.item, T0 + 5, home.deadline, limit, home.arrived)
+    assert isinstance(moved, Waiting) and moved.arrived == T0
+
+    assert isinstance(q.push(("lab", "m2"), Flow("carol"), "c", T0 + 6, pool_limit=limit), Refused)
+
+
+def test_a_full_room_sheds_the_newest_of_the_flow_holding_the_most_places() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit, hog, carol = PoolLimit("lab", 20), Flow("hog"), Flow("carol", band=0)
+    for i in range(20):
+        assert isinstance(q.push(LAB_POOLS[i % 2], hog, f"h{i}", T0 + i / 10, None, limit), Waiting)
+    assert isinstance(
+        q.push(LAB_POOLS[2], carol, "c", T0 + 3, pool_limit=limit), Refused
+    )  # as before
+
+    made = q.make_room(carol, limit, T0 + 3)
+    assert made is not None
+    shed, refused = made
+    assert shed.item == "h19" and not shed.live
+    assert refused == Refused(
+        429,
+        "lab: 20 requests already waiting, 20 of them this client's, the most of any: its"
+        " newest gave way to another client's",
+        3,
+    )
+    assert isinstance(q.push(LAB_POOLS[2], carol, "c", T0 + 3, pool_limit=limit), Waiting)
+    assert q.waiting() == 20 and q.flow("hog") == (19, 0)
+    assert q.make_room(hog, limit, T0 + 3) is None  # the biggest holder makes none for itself
+    assert q.make_room(Flow("dave", max_waiting=0), limit, T0 + 3) is None  # may not wait
+    assert q.make_room(Flow("dave"), PoolLimit("lab", 21), T0 + 3) is None  # room left
+
+    for i in range(18):  # one newcomer after another, each holding nothing yet
+        newcomer = Flow(f"client-{i}")
+        assert q.make_room(newcomer, limit, T0 + 4) is not None
+        assert isinstance(q.push(LAB_POOLS[2], newcomer, "n", T0 + 4, pool_limit=limit), Waiting)
+    assert q.flow("hog") == (1, 0)
+    assert q.make_room(Flow("client-99"), limit, T0 + 4) is None  # each holds one: fair
+    assert drain(q, LAB_POOLS, T0 + 5)[0] == "c"  # still waiting, first
+
+
+def test_among_equal_holders_the_lowest_band_gives_way_first() -> None:
+    q: FairQueue[str] = FairQueue()
+    limit = PoolLimit("lab", 6)
+    for flow in (Flow("night", band=2), Flow("alice", band=1), Flow("bob", band=0)):
+        for i in range(2):
+            assert isinstance(q.push(POOL, flow, f"{flow.name}{i}", T0, None, limit), Waiting)
+    made = q.make_room(Flow("new"), limit, T0)
+    assert made is not None and made[0].item == "night1"
+
+
+def test_a_flow_at_its_max_in_flight_may_not_start_even_with_a_slot_free() -> None:
+    q: FairQueue[str] = FairQueue()
+    capped, other = Flow("capped", max_in_flight=1), Flow("other")
+    assert q.may_start(capped)
+    q.started(capped, T0)  # sent at once: a slot was free
+    assert not q.may_start(capped)
+    assert q.may_start(other)
+    queued(q, POOL, capped, "waits for its own to end", T0)
+    assert q.pop([POOL], T0) is None
+    q.finished(capped, 3.0, T0 + 3)
+    assert q.may_start(capped)
+    assert q.pop([POOL], T0 + 3).item == "waits for its own to end"  # type: ignore[union-attr]
+    assert not q.may_start(capped)  # a popped one runs too
