@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from crossbar.queueing.flows import Flow, PoolLimit, Refused, gave_way, refusal
-from crossbar.queueing.rooms import SLACK, Entry, Lane, Pool, Room, Waiting, age
+from crossbar.queueing.lanes import SLACK, Entry, Lane, LanePool, RouteQueue, Waiting, age
 from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotTime, SlotUse
 
 __all__ = ["FairQueue", "Flow", "PoolLimit", "Refused", "Waiting"]
@@ -68,8 +68,8 @@ class FairQueue(Generic[T]):
         self._t0: float | None = None
         self._flows: dict[str, _FlowState] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # idle flows, least recent first
-        self._pools: dict[Hashable, Pool] = {}
-        self._rooms: dict[str, Room] = {}
+        self._pools: dict[Hashable, LanePool] = {}
+        self._rooms: dict[str, RouteQueue] = {}
         self._deadlines: list[tuple[float, int, Waiting[T]]] = []
         self._waiting = 0
         self._vtime = 0.0
@@ -103,13 +103,13 @@ class FairQueue(Generic[T]):
             self._settle(state, now)
             return refused
         self._wake(state)
-        box = found if found is not None else self._pools.setdefault(pool, Pool())
+        box = found if found is not None else self._pools.setdefault(pool, LanePool())
         deadline = deadline if deadline is not None and math.isfinite(deadline) else None
         since = now if arrived is None else arrived
         waiting: Waiting[T] = Waiting(item, flow, pool, since, deadline, next(self._seq))
         if pool_limit is not None:
             waiting.room = pool_limit.name
-            self._rooms.setdefault(pool_limit.name, Room()).add(waiting)
+            self._rooms.setdefault(pool_limit.name, RouteQueue()).add(waiting)
         lane = state.lanes.get(pool)
         if lane is None:
             lane = state.lanes[pool] = box.lanes[flow.name] = Lane()
@@ -356,7 +356,7 @@ class FairQueue(Generic[T]):
             self._deadlines = [d for d in self._deadlines if d[2].live]
             heapq.heapify(self._deadlines)
 
-    def _enter(self, state: _FlowState, lane: Lane, box: Pool) -> None:
+    def _enter(self, state: _FlowState, lane: Lane, box: LanePool) -> None:
         """Give ``lane`` a fresh entry in its pool's heap for its flow's key now (none if
         the flow is at its ``max_in_flight``), the old one left to be skipped."""
         while not lane.line[0].live:

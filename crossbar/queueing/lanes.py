@@ -63,7 +63,7 @@ def age(order: deque[Waiting[Any]], now: float) -> float:
 
 
 @attrs.define(eq=False)
-class Pool:
+class LanePool:
     """The requests a slot of one kind can serve: a heap of its flows' lanes."""
 
     heap: list[Entry] = attrs.Factory(list)
@@ -74,7 +74,7 @@ class Pool:
 
 
 @attrs.define(eq=False)
-class Room:
+class RouteQueue:
     """Every request waiting in one route's pools, and each flow's places among them."""
 
     live: int = 0
