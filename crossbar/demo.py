@@ -17,7 +17,7 @@ FLEET = {
     "gpu-b": {"gpt-oss-20b": "loaded", "qwen3-coder-30b": "unloaded"},
     "gpu-c": {"hermes-4-14b": "loaded", "gpt-oss-20b": "unloaded"},
 }
-WINDOWS = {"gpu-a": 32_768, "gpu-b": 131_072, "gpu-c": 65_536}
+WINDOWS = {"gpu-a": 65_536, "gpu-b": 131_072, "gpu-c": 98_304}
 """Each host's slot window (tokens): an agent's session outgrows gpu-a's and moves to gpu-b."""
 
 
