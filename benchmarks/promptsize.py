@@ -38,7 +38,8 @@ from crossbar.proxy.promptsize import FIRST_BYTES_PER_TOKEN, PromptSizes  # noqa
 from crossbar.testing.simulator.apis import prompt  # noqa: E402
 
 SYSTEM = (ROOT / "docs" / "clients.md").read_text()[:24_000]
-FILES = [p.read_text() for p in sorted((ROOT / "crossbar").rglob("*.py")) if p.stat().st_size > 2000]
+SOURCES = sorted((ROOT / "crossbar").rglob("*.py"))
+FILES = [p.read_text() for p in SOURCES if p.stat().st_size > 2000]
 
 
 def chat_turns(turns: int) -> Iterator[dict[str, Any]]:
