@@ -1,7 +1,8 @@
 """A simulated fleet for trying crossbar without any GPU: ``twistd -n crossbar --demo``.
 
 Three simulated llama-server routers listen on loopback ports chosen by the system,
-with different models resident, so routing by model can be seen with curl.
+with different models resident and different slot windows, so routing by model and by
+fit can be seen with curl.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ FLEET = {
     "gpu-b": {"gpt-oss-20b": "loaded", "qwen3-coder-30b": "unloaded"},
     "gpu-c": {"hermes-4-14b": "loaded", "gpt-oss-20b": "unloaded"},
 }
+WINDOWS = {"gpu-a": 65_536, "gpu-b": 131_072, "gpu-c": 98_304}
+"""Each host's slot window (tokens): an agent's session outgrows gpu-a's and moves to gpu-b."""
 
 
 def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]:
@@ -23,7 +26,9 @@ def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]
     sims: dict[str, SimulatedHost] = {}
     for name, models in FLEET.items():
         # Answers end by themselves (8-60 tokens): an agent's "max_tokens": 32000 takes seconds.
-        sim = SimulatedHost(models, chunk_interval=0.05, load_time=2.0, reactor=reactor)
+        sim = SimulatedHost(
+            models, chunk_interval=0.05, load_time=2.0, reactor=reactor, ctx=WINDOWS[name]
+        )
         sim.listen(0, "127.0.0.1")
         sims[name] = sim
     return fleet_config(listen, {name: sim.url for name, sim in sims.items()}), list(sims.values())

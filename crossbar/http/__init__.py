@@ -3,7 +3,7 @@ admitted or refused on their head, keys, client connections and their caps, list
 draining, timers."""
 
 from crossbar.http.drain import count_requests, drain
-from crossbar.http.errors import error_payload
+from crossbar.http.errors import error_payload, too_long_payload
 from crossbar.http.headers import (
     BODYLESS,
     BadTarget,
@@ -54,6 +54,7 @@ __all__ = [
     "release_body",
     "stop",
     "stopping",
+    "too_long_payload",
     "trusted_proxy",
     "upstream_headers",
     "when_over",

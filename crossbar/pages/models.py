@@ -34,11 +34,14 @@ def instances_words(state: HostState, usage: Occupancy) -> str | None:
 
 
 def model_notes(state: HostState, usage: Occupancy, now: float) -> dict[str, str]:
-    """A note per loaded model: its slots where known, then its requests in flight or
-    how long it has been idle (on a router, where it matters for what is evicted)."""
+    """A note per loaded model: its slots and a slot's window where known, then its
+    requests in flight or how long it has been idle (on a router, where it matters for
+    what is evicted)."""
     notes = {}
     for model in state.loaded:
         parts = [f"{state.slots[model]} slots"] if model in state.slots else []
+        if model in state.windows:
+            parts.append(f"{window_words(state.windows[model])} a slot")
         if state.max_instances is not None:
             busy = usage.busy.get((state.name, model), 0)
             idle = usage.idle(state.name, model, now)
@@ -46,6 +49,14 @@ def model_notes(state: HostState, usage: Occupancy, now: float) -> dict[str, str
         if parts:
             notes[model] = "; ".join(parts)
     return notes
+
+
+def window_words(tokens: int) -> str:
+    """A window in words: "16k tokens" for a whole number of thousands (1,024 each), else
+    the tokens counted: "2,000 tokens"."""
+    if tokens >= 1024 and tokens % 1024 == 0:
+        return f"{tokens // 1024:,}k tokens"
+    return f"{tokens:,} tokens"
 
 
 def models_json(state: HostState, usage: Occupancy, now: float) -> dict[str, Any]:
@@ -58,6 +69,8 @@ def models_json(state: HostState, usage: Occupancy, now: float) -> dict[str, Any
             "in_flight": usage.busy.get((state.name, model), 0),
             "idle_seconds": None if math.isinf(idle) else round(idle, 1),
         }
+        if model in state.windows:
+            models[model]["window"] = state.windows[model]
     doc: dict[str, Any] = {"models": models}
     if state.max_instances is not None:
         doc["instances"] = {"used": len(usage.running(state)), "max": state.max_instances}

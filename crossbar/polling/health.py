@@ -62,6 +62,23 @@ class HostState:
     router's own ``/props`` said; ``None`` when unknown (and for single-model hosts)."""
     autoload: bool | None = None
     """Whether the router loads a model a request names (``models_autoload``)."""
+    windows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen, hash=False)
+    """The window of one slot of each loaded model (model id -> tokens: its
+    ``default_generation_settings.n_ctx``, or what a refused request showed), as learned."""
+    trained: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen, hash=False)
+    """Each listed model's training context (``meta.n_ctx_train``): no slot of it is longer
+    (unless the host overrides it), so an upper bound while its window is unknown."""
+
+    def window(self, model: str | None) -> int | None:
+        """The window of a slot of ``model`` here as learned, or ``None`` when unknown."""
+        return None if model is None else self.windows.get(model)
+
+    def window_bound(self, model: str | None) -> int | None:
+        """The longest a slot of ``model`` here can be: its window when learned, else its
+        training context when listed, else ``None``."""
+        if model is None:
+            return None
+        return self.windows.get(model) or self.trained.get(model)
 
     def capacity(self, model: str) -> int | None:
         """The slots ``model`` runs here as learned, or ``None`` when unknown; a host's
@@ -94,6 +111,10 @@ class HostState:
             doc["max_instances"] = self.max_instances
         if self.loading:
             doc["loading"] = list(self.loading)
+        if self.windows:  # tokens a slot of each loaded model holds, once known
+            doc["windows"] = dict(sorted(self.windows.items()))
+        if self.trained:
+            doc["trained"] = dict(sorted(self.trained.items()))
         return doc
 
 
@@ -203,10 +224,11 @@ class HealthTable:
         listed: int | None = None,
         note: str = "",
         loading: Iterable[str] = (),
+        trained: Mapping[str, int] | None = None,
     ) -> None:
         """A poll went well; ``listed`` and ``note``: the list's size and what of it was
         left out (see :class:`crossbar.polling.modellist.ModelList`); ``loading``: the models
-        it lists as loading."""
+        it lists as loading; ``trained``: the training context it lists for models."""
         old = self._states.get(name)
         if old is None:
             return
@@ -225,6 +247,8 @@ class HealthTable:
             known=known,
             loading=tuple(sorted(set(loading))),
             slots={m: n for m, n in old.slots.items() if m in loaded},
+            windows={m: n for m, n in old.windows.items() if m in loaded},
+            trained=old.trained if trained is None else trained,
             consecutive=consecutive,
             last_ok=self._clock.seconds(),
             last_err="",
@@ -250,6 +274,19 @@ class HealthTable:
         self._states[name] = attrs.evolve(old, slots=learned)
         if learned != old.slots and self.slots_learned is not None:
             self.slots_learned()
+
+    def record_window(self, name: str, model: str, window: int | None) -> None:
+        """The window of a slot of a loaded model, as its ``/props`` said (``None``: nothing
+        usable) or as a host's refusal of a long prompt showed (its ``n_ctx``). Kept only
+        while the model is loaded, as last listed; nobody is told."""
+        old = self._states.get(name)
+        if old is None or (model not in old.loaded and model not in old.windows):
+            return
+        learned = {m: n for m, n in old.windows.items() if m != model}
+        if window is not None and model in old.loaded:
+            learned[model] = window
+        if learned != old.windows:
+            self._states[name] = attrs.evolve(old, windows=learned)
 
     def record_room(self, name: str, room: Room) -> None:
         """What the host's own ``/props`` said of its room (unknown fields: not said);

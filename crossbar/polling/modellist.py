@@ -38,9 +38,14 @@ class _Status(msgspec.Struct, gc=False):
     value: _Value | UnsetType = UNSET
 
 
+class _Meta(msgspec.Struct, gc=False):
+    n_ctx_train: _Value | UnsetType = UNSET
+
+
 class _Entry(msgspec.Struct, gc=False):
     id: _Value | UnsetType = UNSET
     status: _Status | str | int | float | bool | list[Raw] | UnsetType | None = UNSET
+    meta: _Meta | str | int | float | bool | list[Raw] | UnsetType | None = UNSET
 
 
 class _Listing(msgspec.Struct, gc=False):
@@ -58,6 +63,8 @@ MAX_ID_BYTES = 256
 """Longest model id kept (UTF-8 bytes); a longer one is dropped."""
 MAX_MERGED = 1000
 """Models a merged ``/v1/models`` answer lists at most."""
+MAX_TRAINED = 1 << 24
+"""Largest training context believed (tokens); more, or fewer than one, is unknown."""
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
@@ -76,6 +83,8 @@ class ModelList:
     """Ids dropped (among those read): too long, or with a control character."""
     loading: tuple[str, ...] = ()
     """Models listed as ``loading`` (a router's), in the order listed."""
+    trained: tuple[tuple[str, int], ...] = ()
+    """``(model, meta.n_ctx_train)`` of the models whose entry tells a believable one."""
 
     @property
     def note(self) -> str:
@@ -100,6 +109,7 @@ def read_models(body: bytes) -> ModelList:
     loaded: dict[str, None] = {}
     known: dict[str, None] = {}
     loading: dict[str, None] = {}
+    trained: dict[str, int] = {}
     dropped = 0
     cut = False
     for entry in entries:
@@ -121,7 +131,20 @@ def read_models(body: bytes) -> ModelList:
             loaded[model_id] = None
         elif isinstance(entry.status, _Status) and entry.status.value == "loading":
             loading[model_id] = None
-    return ModelList(tuple(loaded), tuple(known), len(entries), cut, dropped, tuple(loading))
+        meta = entry.meta
+        if isinstance(meta, _Meta):
+            n = meta.n_ctx_train
+            if type(n) is int and 1 <= n <= MAX_TRAINED:
+                trained[model_id] = n
+    return ModelList(
+        tuple(loaded),
+        tuple(known),
+        len(entries),
+        cut,
+        dropped,
+        tuple(loading),
+        tuple(trained.items()),
+    )
 
 
 def parse_models(body: bytes) -> tuple[list[str], list[str]]:
@@ -187,26 +210,54 @@ def merged_listing(
     ``status.value`` is ``loaded`` when any of them has the model resident, else
     ``unloaded`` (llama-server's words); ``owned_by`` names the hosts that have it loaded,
     or, when none has, the hosts that know it.
+
+    A model whose slot window is known on some host also carries that window, the largest
+    one (crossbar sends a prompt to a host where it fits), in the fields clients read for
+    it (:func:`window_fields`); ``meta.n_ctx_train`` is the smallest training context its
+    hosts list.
     """
     healthy = [states[h] for h in route.hosts if h in states and states[h].healthy]
     if not healthy:
         return None
     loaded: dict[str, list[str]] = {}
     known: dict[str, list[str]] = {}
+    windows: dict[str, int] = {}
+    trained: dict[str, int] = {}
     for state in healthy:
         for model in state.known:
             known.setdefault(model, []).append(state.name)
         for model in state.loaded:
             loaded.setdefault(model, []).append(state.name)
             known.setdefault(model, [])
-    data = [
-        {
+        for model, window in state.windows.items():
+            windows[model] = max(window, windows.get(model, 0))
+        for model, n in state.trained.items():
+            trained[model] = min(n, trained.get(model, n))
+    data = []
+    for model in sorted(known)[:MAX_MERGED]:
+        entry: dict[str, Any] = {
             "id": model,
             "object": "model",
             "created": now,
             "owned_by": ", ".join(loaded.get(model) or known[model]),
             "status": {"value": "loaded" if model in loaded else "unloaded"},
         }
-        for model in sorted(known)[:MAX_MERGED]
-    ]
+        if model in windows:
+            entry.update(window_fields(windows[model]))
+        if model in trained:
+            entry["meta"] = {"n_ctx_train": trained[model]}
+        data.append(entry)
     return {"object": "list", "data": data}
+
+
+def window_fields(window: int) -> dict[str, int]:
+    """A model's window in the fields clients of ``/v1/models`` look for: ``context_length``
+    (OpenRouter's, read by OpenAI-compatible clients), ``max_model_len`` (vLLM's),
+    ``max_input_tokens`` (Anthropic's model list, read by Claude Code for a model it does
+    not know) and ``context_window``."""
+    return {
+        "context_length": window,
+        "context_window": window,
+        "max_input_tokens": window,
+        "max_model_len": window,
+    }

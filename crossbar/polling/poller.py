@@ -4,7 +4,8 @@
 It never asks ``/slots``, ``/metrics`` or a plain ``/props?model=``: in router mode those
 make llama-server load a model. After a good list it asks a few models the host lists as
 loaded for their slots with ``/props?model=X&autoload=false``, which a router answers
-for a loaded X only and loads nothing for (see :mod:`crossbar.polling.slots`), and now
+for a loaded X only and loads nothing for (see :mod:`crossbar.polling.slots`; the same
+answer tells a slot's window, ``default_generation_settings.n_ctx``), and now
 and then the router's own ``/props``, without ``?model=``, for its room
 (:mod:`crossbar.polling.routerprops`); an answer it cannot use leaves either unknown and
 the host up.
@@ -37,7 +38,7 @@ from crossbar.polling.listreader import ListUnread
 from crossbar.polling.modellist import ModelList, read_models
 from crossbar.polling.responses import Digest, PollError, discard, read_limited
 from crossbar.polling.routerprops import ROOM_PATH, RoomAsks, read_room
-from crossbar.polling.slots import MAX_PROPS_BODY, SlotAsks, props_path, total_slots
+from crossbar.polling.slots import MAX_PROPS_BODY, ModelProps, SlotAsks, props_path, read_props
 from crossbar.upstream import describe, is_cancellation
 
 MAX_POLL_BODY = 8 * 1024 * 1024
@@ -220,9 +221,15 @@ class Poller(Service):
             self._failed(name, f"poll: {describe(e)}")
         else:
             listed, note = models.listed, models.note
-            loading = models.loading
+            loading, trained = models.loading, dict(models.trained)
             self.table.record_ok(
-                name, models.loaded, models.known, listed=listed, note=note, loading=loading
+                name,
+                models.loaded,
+                models.known,
+                listed=listed,
+                note=note,
+                loading=loading,
+                trained=trained,
             )
             await self._learn_slots(name, state.url, models.loaded, timeout)
             await self._learn_room(name, state.url, timeout)
@@ -251,10 +258,11 @@ class Poller(Service):
         except CancelledError:
             raise
         except Exception:  # refused, timed out, too long: the slots stay unknown
-            slots = None
+            props = ModelProps()
         else:
-            slots = total_slots(body)
-        self.table.record_slots(name, model, slots)
+            props = read_props(body)
+        self.table.record_slots(name, model, props.slots)
+        self.table.record_window(name, model, props.window)
 
     async def _learn_room(self, name: str, url: str, timeout: float) -> None:
         """Now and then, the host's own ``/props``, asked without ``?model=`` (which would

@@ -1,5 +1,9 @@
 """Which loaded models' slots to ask a host for, and what its answer says: no I/O.
 
+The same answer tells the window of a slot, ``default_generation_settings.n_ctx``: the
+``-c`` divided among the ``-np`` slots (and capped at the model's training context), the
+longest prompt one request may have there.
+
 In router mode each loaded model runs its own slots (its ``-np``). A router answers
 ``GET /props?model=X&autoload=false`` with X's own props (``total_slots``) when X is loaded
 and ``400 model is not loaded`` otherwise, loading nothing; a single-model server ignores
@@ -12,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import quote
 
+import attrs
 import msgspec
 
 MAX_PROPS_BODY = 256 * 1024
 """Largest ``/props`` answer read: a model's props are a few KiB (its chat template most)."""
 MAX_SLOTS = 4096
 """Largest ``total_slots`` believed; more (or fewer than one) is "unknown"."""
+MAX_WINDOW = 1 << 24
+"""Largest slot window believed (16,777,216 tokens: past any model's training context);
+more (or fewer than one token) is "unknown"."""
 ASKS_PER_POLL = 4
 """At most this many ``/props`` asks a poll of one host: many loaded models take several polls."""
 ASK_AGAIN_SECONDS = 60.0
@@ -25,8 +33,15 @@ ASK_AGAIN_SECONDS = 60.0
 unloaded and loaded again between two polls may have come back with another ``-np``."""
 
 
+class _Settings(msgspec.Struct, gc=False):
+    n_ctx: int | float | str | bool | list[msgspec.Raw] | dict[str, msgspec.Raw] | None = None
+
+
 class _Props(msgspec.Struct, gc=False):
-    total_slots: int | None = None
+    total_slots: int | float | str | bool | list[msgspec.Raw] | dict[str, msgspec.Raw] | None = None
+    default_generation_settings: _Settings | int | float | str | bool | list[msgspec.Raw] | None = (
+        None
+    )
 
 
 _PROPS = msgspec.json.Decoder(_Props)
@@ -37,14 +52,39 @@ def props_path(model: str) -> str:
     return f"/props?model={quote(model, safe='')}&autoload=false"
 
 
+@attrs.frozen
+class ModelProps:
+    """What one model's ``/props`` said: its slots and a slot's window (``None``: unknown)."""
+
+    slots: int | None = None
+    window: int | None = None
+
+
+def _bounded(value: object, most: int) -> int | None:
+    """``value`` when it is an integer (``true`` is not one) within 1..``most``."""
+    if type(value) is not int or not 1 <= value <= most:
+        return None
+    return value
+
+
+def read_props(body: bytes) -> ModelProps:
+    """A ``/props`` answer's ``total_slots`` (1..:data:`MAX_SLOTS`) and slot window
+    (``default_generation_settings.n_ctx``, 1..:data:`MAX_WINDOW`); each ``None`` when it has
+    no believable one (not JSON, not an integer, out of range). A router's own props (no
+    model) say ``n_ctx: 0``: unknown."""
+    try:
+        props = _PROPS.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return ModelProps()
+    settings = props.default_generation_settings
+    window = settings.n_ctx if isinstance(settings, _Settings) else None
+    return ModelProps(_bounded(props.total_slots, MAX_SLOTS), _bounded(window, MAX_WINDOW))
+
+
 def total_slots(body: bytes) -> int | None:
     """The ``total_slots`` of a ``/props`` answer, or ``None`` when it has no believable one
     (not JSON, not an integer, or outside 1..:data:`MAX_SLOTS`)."""
-    try:
-        slots = _PROPS.decode(body).total_slots
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    return slots if slots is not None and 1 <= slots <= MAX_SLOTS else None
+    return read_props(body).slots
 
 
 class SlotAsks:

@@ -10,6 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar.config import Config, HostSettings
 from crossbar.http import host_keys
 from crossbar.polling import HealthTable
+from crossbar.proxy.promptsize import PromptSizes
 from crossbar.queueing import Traffic, Waits
 from crossbar.stats import ProxyObserver
 from crossbar.upstream import Upstreams
@@ -27,6 +28,9 @@ class ProxyContext:
     observer: ProxyObserver
     waits: Waits | None = None
     """Where requests wait for a slot; ``None``: every request is sent on at once."""
+    sizes: PromptSizes = attrs.field(factory=PromptSizes)
+    """Bytes per prompt token learned per model and API, and each conversation's last
+    size: a request's prompt tokens guessed before it is sent (routing by fit)."""
     settings: Mapping[str, HostSettings] = attrs.field(
         init=False, default=attrs.Factory(lambda self: self.table.settings, takes_self=True)
     )

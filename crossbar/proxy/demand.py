@@ -43,6 +43,8 @@ class Asked:
     client: str = "unknown"
     api: str = ""
     """The API of its path (``chat``, ``anthropic``...: :data:`crossbar.proxy.shapes.SHAPES`)."""
+    reply_limit: int | None = None
+    """The tokens the answer may take at most, as the body asks (``max_tokens``...)."""
 
 
 def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape | None]:
@@ -79,6 +81,7 @@ def read_request(
             found.asked = default
             release_body(request, keep_reserved=True)  # the copy is the one kept
         found.conversation = facts.conversation
+        found.reply_limit = facts.reply_limit
     if body or method not in BODYLESS:
         found.body = body
     found.url_rest = target.rest + (b"?" + target.query if target.query else b"")

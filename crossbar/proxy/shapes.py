@@ -4,7 +4,8 @@ One table: for each path, whether its body is JSON naming a model (the route's d
 model is filled into it) and, for the APIs whose requests continue a conversation, how to
 find that conversation (its key and turn, for ``cache_affinity``). A body is decoded once,
 by msgspec, reading only the fields its shape names and skipping the rest in C: the model,
-the stream flag and, when the route's policy asks, the conversation's fields.
+the stream flag, the answer's token limit and, when the route's policy asks, the
+conversation's fields.
 
 A path not in the table is not forwarded (404): llama-server has endpoints a shared
 proxy must not pass on, such as its resumable stream sessions (``/v1/stream``), which
@@ -14,6 +15,7 @@ its client left. A new API is one entry here. Pure rules, no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +39,28 @@ class _Plain(msgspec.Struct):
     model: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     """Its JSON text, a view into the body: a huge non-string costs nothing either."""
     stream: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    n_predict: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    max_completion_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    max_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    max_output_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    """The answer's token limit: llama-server reads the first three in this order on every
+    completion endpoint; Responses names it ``max_output_tokens``."""
+
+
+_LIMITS = ("n_predict", "max_completion_tokens", "max_tokens", "max_output_tokens")
+_LIMIT = re.compile(rb"[0-9]{1,9}")
+"""A limit crossbar reads: a plain non-negative integer (a larger one is no limit it needs)."""
+
+
+def _reply_limit(top: _Plain) -> int | None:
+    """The first limit given as a plain integer; ``None`` when none is (``-1`` and the
+    like: no limit)."""
+    for name in _LIMITS:
+        raw = getattr(top, name)
+        if raw is not msgspec.UNSET:
+            text = bytes(raw)
+            return int(text) if _LIMIT.fullmatch(text) else None
+    return None
 
 
 class _Chat(_Plain):
@@ -67,6 +91,8 @@ class BodyFacts:
     """It asks for a streamed answer (``"stream": true``)."""
     conversation: Conversation | None = None
     """The conversation it continues, when asked for and its API has one."""
+    reply_limit: int | None = None
+    """The tokens its answer may take at most, as it asks (``max_tokens`` and the like)."""
 
 
 NO_FACTS = BodyFacts(NOTHING)
@@ -162,7 +188,7 @@ def read_body(shape: Shape, body: bytes, model: str | None, conversations: bool)
     conversation = None
     if wanted and shape.conversation is not None:
         conversation = shape.conversation(peek.model or model, top)
-    return BodyFacts(peek, stream, conversation)
+    return BodyFacts(peek, stream, conversation, _reply_limit(top))
 
 
 def read_conversation(path: bytes, body: bytes, model: str | None) -> Conversation | None:

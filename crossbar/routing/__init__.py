@@ -1,8 +1,9 @@
 """Routing: which host serves a request. Groups, the route's policy (``priority``,
 ``round_robin``, ``least_busy``, ``cache_affinity``), a conversation's home, and where a
-model is loaded. Pure rules, no I/O."""
+model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 
 from crossbar.routing.affinity import Placement
+from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
 from crossbar.routing.groups import best_group, routes_down
 from crossbar.routing.placement import (
     BUSY,
@@ -23,6 +24,7 @@ __all__ = [
     "FREE",
     "LOADING",
     "NO_AUTOLOAD",
+    "REPLY_MARGIN",
     "Ask",
     "CacheAffinity",
     "Choice",
@@ -31,8 +33,11 @@ __all__ = [
     "Occupancy",
     "Placement",
     "best_group",
+    "fits_nowhere",
+    "largest_window",
     "places_conversations",
     "rendezvous",
     "routes_down",
     "spill_places",
+    "too_small",
 ]

@@ -40,6 +40,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--models-max", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4, help="slots of a model (-np, default 4)")
     parser.add_argument(
+        "--ctx",
+        type=int,
+        help="tokens a slot holds (-c / -np); a longer prompt is refused (default: no limit)",
+    )
+    parser.add_argument(
         "--cache-ram", type=int, default=262_144, help="tokens of prompts kept in host memory"
     )
     parser.add_argument(
@@ -66,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             slots=args.slots,
             cache_ram=args.cache_ram,
             prefill_time=args.prefill_time,
+            ctx=args.ctx,
         )
         host.listen(port, args.interface)
         mode = "single-model" if args.single else "router"

@@ -15,7 +15,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.task import deferLater
 from twisted.web.server import Request
 
-from crossbar.testing.simulator import apis, serving
+from crossbar.testing.simulator import apis, serving, window
 from crossbar.testing.simulator.apis import COUNT, GENERATE, Api
 from crossbar.testing.simulator.cache import (
     SIMILARITY,
@@ -52,11 +52,11 @@ class SimulatedHost:
     tokens, or with ``chunks=None`` after 8 to 60 as the seed and prompt decide (see
     ``completions.natural_length``); a request's token limit only cuts it shorter.
 
-    Each model server has ``slots`` slots and a host-memory cache of ``cache_ram`` tokens
-    (0: none) and reuses a prompt's cached prefix as llama-server does (see ``cache``); the
-    rest of the prompt takes ``prefill_time`` seconds a token before the answer starts (0 by
-    default: answered at once, as tests without sockets need), and a request waits while
-    every slot is busy.  ``prefills`` records what each completion found.
+    Each model server has ``slots`` slots of ``ctx`` tokens (see ``window``: a number, one
+    per model, or ``None``: no limit) and a host-memory cache of ``cache_ram`` tokens (0:
+    none), and reuses a prompt's cached prefix as llama-server does (see ``cache``); the rest
+    of the prompt takes ``prefill_time`` seconds a token (0 by default) before the answer
+    starts; a request waits while every slot is busy.  ``prefills`` records each.
 
     Loading past ``models_max`` evicts the least recently used idle model; while every
     loaded model has requests in flight, a request for another model waits until one is
@@ -80,6 +80,7 @@ class SimulatedHost:
         cache_ram: int = 262_144,
         prefill_time: float = 0.0,
         slot_similarity: float = SIMILARITY,
+        ctx: window.Windows = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as _reactor
@@ -104,6 +105,7 @@ class SimulatedHost:
         self.cache_ram = cache_ram  # tokens of prompts kept in host memory (--cache-ram)
         self.prefill_time = prefill_time  # seconds a prompt token not found in the cache
         self.slot_similarity = slot_similarity  # --slot-prompt-similarity
+        self.ctx = ctx  # a slot's window (-c / -np), for every model or per model
         # What happened, for tests to look at.
         self.requests: list[RecordedRequest] = []
         self.connections_closed = 0
@@ -257,7 +259,7 @@ class SimulatedHost:
                 raise HttpError(self.error_status, "simulated server error")
             await self._route(request, self.reset_after if fault == "reset" else None)
         except HttpError as e:
-            serving.send_error(request, e.status, e.message)
+            serving.send(request, e.status, e.body())
 
     async def _route(self, request: Request, reset_after: int | None) -> None:
         method, path = request.method.decode(), request.path.decode()
@@ -265,10 +267,11 @@ class SimulatedHost:
             serving.send(request, 200, dumps({"status": "ok"}))
         elif method == "GET" and path in ("/models", "/v1/models"):
             created = int(self._reactor.seconds())  # the time of the answer, not of the file
+            meta = window.metas(self.ctx, self.slots)
             if self.router:
-                listing = router_models(self._table.models.values(), created)
+                listing = router_models(self._table.models.values(), created, meta)
             else:
-                listing = single_models(self._single_model(), created)
+                listing = single_models(self._single_model(), created, meta(self._single_model()))
             serving.send(request, 200, dumps(listing))
         elif method == "POST" and path in GENERATE:
             await self._completion(request, GENERATE[path], reset_after=reset_after)
@@ -308,7 +311,8 @@ class SimulatedHost:
         else:
             await self._ready(request, name, touch=False)
         if path == "/props":
-            serving.send(request, 200, dumps(model_props(name, self.slots)))
+            ctx = window.props_window(window.window_of(self.ctx, name))
+            serving.send(request, 200, dumps(model_props(name, self.slots, ctx)))
         elif path == "/slots":
             serving.send(request, 200, dumps(SLOTS))
         else:
@@ -336,6 +340,7 @@ class SimulatedHost:
         chat = apis.to_chat(api, body)
         tokens = prompt_tokens(chat, chat=api != "text")
         server = self._table.models[name if self.router else self._single_model()]
+        chat = window.within_window(chat, len(tokens), window.window_of(self.ctx, server.id))
         self._table.begin(server)  # busy from now on: never evicted while it answers
         try:
             cache, prefill = await self._slots.take(server.id, server.port, tokens)

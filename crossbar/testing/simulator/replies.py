@@ -8,7 +8,7 @@ generates, and its SSE events) are in ``completions``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 # llama-server's build number and short commit, as it reports them in "system_fingerprint" and
@@ -45,12 +45,20 @@ SLOTS = [{"id": 0, "id_task": -1, "n_ctx": 4096, "is_processing": False}]
 
 
 class HttpError(Exception):
-    """An answer in llama-server's error shape, raised from wherever the request fails."""
+    """An answer in llama-server's error shape, raised from wherever the request fails;
+    ``kind`` its ``type`` when not the status's own, ``extra`` fields after it."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self, status: int, message: str, kind: str | None = None, extra: Any = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.kind = kind
+        self.extra: dict[str, Any] = dict(extra or {})
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.kind, self.extra)
 
 
 def dumps(value: object) -> bytes:
@@ -58,10 +66,12 @@ def dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def error_body(status: int, message: str) -> bytes:
+def error_body(
+    status: int, message: str, kind: str | None = None, extra: dict[str, Any] | None = None
+) -> bytes:
     """llama-server's ``{"error": ...}``; the HTTP layer's own 404 orders its keys otherwise."""
-    kind = _ERROR_TYPES.get(status, "server_error")
-    body = {"code": status, "message": message, "type": kind}
+    kind = kind or _ERROR_TYPES.get(status, "server_error")
+    body = {"code": status, "message": message, "type": kind, **(extra or {})}
     if status == 404:
         body = {"message": message, "type": kind, "code": status}
     return dumps({"error": body})
@@ -94,8 +104,11 @@ class Listed(Protocol):
     def failed(self) -> bool: ...
 
 
-def router_models(models: Iterable[Listed], created: int) -> dict[str, Any]:
-    """A router's ``/v1/models``: every model with its status; ``meta`` for running ones."""
+def router_models(
+    models: Iterable[Listed], created: int, meta: Callable[[str], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A router's ``/v1/models``: every model with its status; ``meta`` for running ones
+    (``meta(model)``, else :data:`META`)."""
     data = []
     for model in models:
         path = f"/m/{model.id}.gguf"
@@ -120,12 +133,12 @@ def router_models(models: Iterable[Listed], created: int) -> dict[str, Any]:
             "can_remove": False,
         }
         if model.status == "loaded":  # only a running model can tell its metadata
-            entry["meta"] = META
+            entry["meta"] = META if meta is None else meta(model.id)
         data.append(entry)
     return {"data": data, "object": "list"}
 
 
-def single_models(name: str, created: int) -> dict[str, Any]:
+def single_models(name: str, created: int, meta: dict[str, Any] = META) -> dict[str, Any]:
     """A single-model server's ``/v1/models``: Ollama's shape and OpenAI's, no status."""
     return {
         "models": [
@@ -159,7 +172,7 @@ def single_models(name: str, created: int) -> dict[str, Any]:
                 "object": "model",
                 "created": created,
                 "owned_by": "llamacpp",
-                "meta": META,
+                "meta": meta,
             }
         ],
     }
@@ -180,10 +193,10 @@ def router_props(models_max: int) -> dict[str, Any]:
     }
 
 
-def model_props(name: str, slots: int) -> dict[str, Any]:
-    """One model's ``/props``: ``total_slots`` is its ``-np``."""
+def model_props(name: str, slots: int, window: int = 4096) -> dict[str, Any]:
+    """One model's ``/props``: ``total_slots`` is its ``-np``, ``n_ctx`` a slot's window."""
     return {
-        "default_generation_settings": {"id": 0, "n_ctx": 4096, "params": {}},
+        "default_generation_settings": {"id": 0, "n_ctx": window, "params": {}},
         "total_slots": slots,
         "model_alias": name,
         "model_path": f"/m/{name}.gguf",

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from crossbar.config import parse_config
-from crossbar.http.errors import error_payload
+from crossbar.http.errors import error_payload, too_long_payload
 from crossbar.http.keys import KeyGuard
 from crossbar.testing import ClientLine, MemoryProxy
 
@@ -168,3 +168,35 @@ def test_codex_and_the_openai_clients_get_each_of_crossbar_s_errors_as_plain_wor
     proxy = keyed_proxy()
     client = CAUSES[status](proxy, path)
     assert answer(client) == (status, b"application/json", PLAIN[status])
+
+
+@pytest.mark.parametrize("path", [b"/v1/messages", b"/lab/v1/messages"])
+def test_a_prompt_too_long_for_every_host_is_told_in_anthropic_s_words(path: bytes) -> None:
+    """Claude Code reads ``prompt is too long: N tokens > M maximum`` and compacts."""
+    assert too_long_payload(path, 10_000, 8192) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 10000 tokens > 8192 maximum",
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        (b"/lab/v1/chat/completions", "maximum context length is 8192 tokens. However, your"
+         " messages resulted in 10000 tokens"),
+        (b"/lab/v1/completions", "maximum context length is 8192 tokens"),
+        (b"/lab/v1/responses", "(10000 tokens > 8192 maximum)"),
+    ],
+)  # fmt: skip
+def test_a_prompt_too_long_for_every_host_is_told_in_openai_s_words(
+    path: bytes, words: str
+) -> None:
+    """Codex and the OpenAI SDKs act on the code ``context_length_exceeded``."""
+    error = too_long_payload(path, 10_000, 8192)["error"]
+    assert isinstance(error, dict)
+    assert error["code"] == "context_length_exceeded"
+    assert error["type"] == "invalid_request_error"
+    assert words in error["message"]

@@ -87,3 +87,14 @@ def test_loads_and_evictions_are_counted_and_logged_once_each(logs: LogCapture) 
     assert 'crossbar_model_loads_total{host="gpu-b",model="gpt-oss-20b"} 1.0' in text
     assert 'crossbar_model_evictions_total{host="gpu-b",model="qwen-7b"} 1.0' in text
     assert 'crossbar_model_evictions_total{host="gpu-b",model="gpt-oss-20b"} 1.0' in text
+
+
+def test_each_loaded_model_shows_a_slot_s_window_on_the_page_and_in_the_json() -> None:
+    state = HostState(
+        "gpu-a", "http://a", True, ("m", "n"), ("m", "n"), slots={"m": 4},
+        windows={"m": 16384, "n": 3000}, max_instances=4,
+    )  # fmt: skip
+    notes = model_notes(state, Occupancy(), 0.0)
+    assert notes["m"].startswith("4 slots; 16k tokens a slot")
+    assert notes["n"].startswith("3,000 tokens a slot")
+    assert models_json(state, Occupancy(), 0.0)["models"]["m"]["window"] == 16384

@@ -489,3 +489,18 @@ def test_a_host_at_a_new_address_forgets_what_its_old_router_said_of_its_room() 
     urls = {"gpu-a": "http://10.0.0.9:8080", "gpu-b": "http://10.0.0.2:8080"}
     table.set_hosts(urls, {})
     assert get(table).max_instances is None and get(table, "gpu-b").max_instances == 2
+
+
+def test_a_window_learned_from_a_refusal_is_kept_while_the_model_is_loaded() -> None:
+    """What a host's ``exceed_context_size_error`` showed (its ``n_ctx``) is its window."""
+    table = HealthTable({"a": "http://a"}, Clock())
+    table.record_ok("a", ["m"], ["m", "n"], trained={"m": 32768, "n": 8192})
+    table.record_window("a", "n", 2048)  # not loaded: not kept
+    table.record_window("a", "m", 2048)
+    state = table.get("a")
+    assert state is not None
+    assert state.windows == {"m": 2048} and state.window_bound("n") == 8192
+    assert (state.window_bound("m"), state.window_bound("x")) == (2048, None)
+    assert state.window(None) is None
+    table.record_window("a", "m", None)
+    assert table.get("a").windows == {}  # type: ignore[union-attr]

@@ -353,3 +353,45 @@ def test_merged_listing_lists_at_most_its_cap() -> None:
     listing = merged_listing(ROUTE, states, now=0)
     assert listing is not None
     assert [entry["id"] for entry in listing["data"]] == list(many[:MAX_MERGED])
+
+
+# -- windows: the training context read from the list, the slot window told in the merged one --
+
+
+def test_a_loaded_model_s_training_context_is_read_from_its_meta() -> None:
+    doc = {
+        "data": [
+            {"id": "a", "status": {"value": "loaded"}, "meta": {"n_ctx_train": 262144}},
+            {"id": "b", "status": {"value": "unloaded"}},  # meta: running models only
+            {"id": "c", "meta": {"n_ctx_train": "big"}},
+            {"id": "d", "meta": {"n_ctx_train": 1 << 30}},
+            {"id": "e", "meta": [1, 2]},
+            {"id": "f", "meta": {"n_ctx_train": 0}},
+        ]
+    }
+    models = read_models(json.dumps(doc).encode())
+    assert dict(models.trained) == {"a": 262144}
+    assert models.known == ("a", "b", "c", "d", "e", "f")  # a bad meta drops nothing else
+
+
+def test_merged_listing_tells_the_largest_slot_window_in_the_fields_clients_read() -> None:
+    """crossbar sends a prompt where it fits: the largest window of the healthy hosts is
+    what the route serves; ``meta.n_ctx_train`` the smallest training context listed."""
+    a = HostState(
+        name="gpu-a", url="http://a", healthy=True, loaded=("m1",), known=("m1",),
+        windows={"m1": 2048}, trained={"m1": 32768},
+    )  # fmt: skip
+    b = HostState(
+        name="gpu-b", url="http://b", healthy=True, loaded=("m1", "m2"), known=("m1", "m2"),
+        windows={"m1": 8192}, trained={"m1": 262144},
+    )  # fmt: skip
+    c = HostState(
+        name="gpu-c", url="http://c", healthy=False, loaded=("m1",), known=("m1",),
+        windows={"m1": 65536},
+    )  # fmt: skip
+    listing = merged_listing(ROUTE, {"gpu-a": a, "gpu-b": b, "gpu-c": c}, now=0)
+    assert listing is not None
+    m1, m2 = listing["data"]
+    assert m1["context_length"] == m1["max_input_tokens"] == m1["context_window"] == 8192
+    assert m1["max_model_len"] == 8192 and m1["meta"] == {"n_ctx_train": 32768}
+    assert "context_length" not in m2 and "meta" not in m2  # unknown: nothing said

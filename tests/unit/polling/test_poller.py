@@ -786,3 +786,62 @@ def test_models_listed_as_loading_are_kept() -> None:
     rig.client.flush()
     assert rig.state("gpu-a").loading == ("a",) and rig.state("gpu-a").loaded == ("b",)
     rig.poller.stopService()
+
+
+# -- windows: a slot's n_ctx from the same /props ask, the training context from the list ------
+
+
+def props_with_window(slots: object, window: object) -> tuple[int, bytes]:
+    """A loaded model's /props answer with its slot window, as llama-server gives it."""
+    settings = {"id": 0, "n_ctx": window, "params": {}}
+    body = {"default_generation_settings": settings, "total_slots": slots, "model_alias": "m"}
+    return 200, json.dumps(body).encode()
+
+
+def test_learns_each_loaded_model_s_slot_window_from_the_same_ask() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.props = {"tiny-a": props_with_window(4, 16384), "tiny-b": props_with_window(2, 2048)}
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert sorted(host.asks) == ["tiny-a", "tiny-b"]  # one ask each, as before
+    assert state.windows == {"tiny-a": 16384, "tiny-b": 2048}
+    assert (state.window("tiny-a"), state.window("tiny-c")) == (16384, None)
+    assert state.to_json()["windows"] == {"tiny-a": 16384, "tiny-b": 2048}
+
+
+def test_a_single_model_server_s_window_comes_from_its_own_props() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    entry = {"id": "models/tiny-a.gguf", "meta": {"n_ctx_train": 32768, "n_vocab": 289}}
+    host.models = (200, json.dumps({"data": [entry]}).encode())
+    host.props = {"models/tiny-a.gguf": props_with_window(2, 8192)}
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert state.windows == {"models/tiny-a.gguf": 8192}
+    assert state.trained == {"models/tiny-a.gguf": 32768}
+    assert state.window_bound("models/tiny-a.gguf") == 8192  # the slot's, not the training's
+
+
+@pytest.mark.parametrize("window", [0, -1, 1 << 25, "4096", 4096.0, True, None, [4096]])
+def test_a_hostile_window_is_unknown_and_the_slots_still_learned(window: object) -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models, host.props = listing(**{"tiny-a": "loaded"}), {"tiny-a": props(4)}
+    host.props = {"tiny-a": props_with_window(4, window)}
+    rig.poll("gpu-a")
+    state = rig.state("gpu-a")
+    assert state.windows == {} and state.window("tiny-a") is None
+    assert state.slots == {"tiny-a": 4} and state.healthy
+
+
+def test_a_window_is_forgotten_when_its_model_is_unloaded() -> None:
+    rig = make_rig("gpu-a")
+    host = rig.fleet.hosts["gpu-a"]
+    host.models = listing(**{"tiny-a": "loaded"})
+    host.props = {"tiny-a": props_with_window(4, 4096)}
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").windows == {"tiny-a": 4096}
+    host.models = listing(**{"tiny-a": "unloaded"})
+    rig.poll("gpu-a")
+    assert rig.state("gpu-a").windows == {} and "windows" not in rig.state("gpu-a").to_json()

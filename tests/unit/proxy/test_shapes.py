@@ -107,3 +107,25 @@ def test_read_conversation_knows_only_the_paths_of_the_table() -> None:
     raw = body(model="m", messages=MESSAGES)
     assert read_conversation(b"/v1/chat/completions", raw, "m") is not None
     assert read_conversation(b"/v1/stream", raw, "m") is None
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "limit"),
+    [
+        (b"/v1/chat/completions", {"max_tokens": 512}, 512),
+        (b"/v1/chat/completions", {"max_completion_tokens": 300, "max_tokens": 512}, 300),
+        (b"/v1/completions", {"n_predict": 64, "max_tokens": 512}, 64),
+        (b"/v1/messages", {"max_tokens": 32000}, 32000),
+        (b"/v1/responses", {"max_output_tokens": 4096}, 4096),
+        (b"/v1/chat/completions", {"max_tokens": -1}, None),  # no limit
+        (b"/v1/chat/completions", {"max_tokens": "512"}, None),
+        (b"/v1/chat/completions", {"max_tokens": 1e30}, None),
+        (b"/v1/chat/completions", {}, None),
+    ],
+)
+def test_the_answer_s_token_limit_is_read_in_the_same_pass(
+    path: bytes, fields: dict[str, object], limit: int | None
+) -> None:
+    body = json.dumps({"model": "m", "messages": [], "input": "hi", **fields}).encode()
+    for conversations in (False, True):
+        assert read_body(SHAPES[path], body, None, conversations).reply_limit == limit

@@ -213,7 +213,7 @@ async def test_the_status_says_where_a_model_would_load_and_each_router_s_room()
         }
         h0 = status["hosts"]["h0"]
         assert (h0["max_instances"], h0["instances"]) == (1, {"used": 1, "max": 1})
-        assert h0["models"] == {"A": {"in_flight": 0, "idle_seconds": None}}
+        assert h0["models"] == {"A": {"in_flight": 0, "idle_seconds": None, "window": 4096}}
         _, page = await rig.get("/_crossbar/")
         assert b"would load B: 1 of 1 instances free" in page
         assert b"1 of 1 instances" in page and b"unused since crossbar started" in page
