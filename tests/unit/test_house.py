@@ -24,6 +24,7 @@ MAX_LINES = 400
 COMMAND_LINES = {
     "crossbar/testing/simulator/__main__.py": "tests/system/test_testing_cli.py",
     "crossbar/workers/__main__.py": "tests/system/test_workers.py",
+    "crossbar/clients/__main__.py": "tests/unit/clients/test_settings.py",
 }
 
 # Known exceptions, each with its reason. One that no longer holds must leave its list:
