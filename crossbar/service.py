@@ -34,7 +34,7 @@ from crossbar.config import (
     tcp_address,
 )
 from crossbar.hosts import Hosts
-from crossbar.http import count_requests
+from crossbar.http import KeyGuard, count_requests
 from crossbar.pages import (
     ModelEvents,
     StatusApp,
@@ -284,6 +284,11 @@ def announcement(
         pages += " (the main port serves only /_crossbar/livez and /_crossbar/readyz)"
     if config.status_keys:
         pages += "; a status key is required (Authorization: Bearer <key>)"
+    elif KeyGuard.pages_take_route_keys(config):
+        pages += (
+            "; any route's key is required, since status_keys is empty"
+            " (set status_keys to keep the pages for admins)"
+        )
     lines.append(f"status pages: {pages}")
     return lines
 
