@@ -13,8 +13,9 @@ Parameters (each at most once; anything else is a 400 naming it):
 ``format``
     ``json`` (the default) or ``csv``.
 
-The query runs on the store's own thread; one that has not answered in
-:data:`QUERY_SECONDS` (a disk that hangs) is a 503, never a stalled page.
+The query runs on a connection and a thread of its own, never holding the writer's
+batches; at most two run at once (a third is a 503 in words). One that has not answered
+in :data:`QUERY_SECONDS` is a 503, never a stalled page, and is stopped where it is.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from crossbar.pages.times import rfc3339
-from crossbar.usage import COUNTS, GROUPS, UsageLedger
+from crossbar.usage import COUNTS, GROUPS, QueriesBusy, UsageLedger
 
 DEFAULT_SPAN = 86400.0
 QUERY_SECONDS = 10.0
@@ -183,8 +184,11 @@ async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorT
     try:
         rows = await asked.addTimeout(QUERY_SECONDS, clock)
     except TimeoutError:
-        reason = f"the usage store has not answered in {QUERY_SECONDS:g} s"
+        reason = f"the usage store has not answered in {QUERY_SECONDS:g} s; the query was stopped"
         return _json(request, 503, {"error": "usage store busy", "reason": reason})
+    except QueriesBusy as busy:
+        request.setHeader(b"retry-after", b"5")
+        return _json(request, 503, {"error": "usage queries busy", "reason": str(busy)})
     except Exception as e:
         return _json(request, 503, {"error": "usage store failed", "reason": str(e)[:300]})
     if ask.format == "csv":
