@@ -20,9 +20,8 @@ in :data:`QUERY_SECONDS` is a 503, never a stalled page, and is stopped where it
 
 from __future__ import annotations
 
-import csv
-import io
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -154,20 +153,32 @@ def as_json(ask: UsageQuery, rows: Sequence[Mapping[str, Any]], retention: float
 
 
 def as_csv(ask: UsageQuery, rows: Sequence[Mapping[str, Any]]) -> str:
-    """A header, then a line a group. A cell a spreadsheet would take for a formula (a
-    model's name comes from a host) is quoted with a leading ``'``."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow([*ask.by, *FIGURES])
+    """A header, then a line a group: its names quoted, its figures as numbers. A name a
+    spreadsheet would take for a formula (a model's name comes from a host) starts with
+    ``'``."""
+    lines = [",".join((*ask.by, *FIGURES))]
     for row in rows:
         shown = figures(row)
         names = [_cell(str(row[name])) for name in ask.by]
-        writer.writerow([*names, *("" if shown[f] is None else shown[f] for f in FIGURES)])
-    return out.getvalue()
+        lines.append(
+            ",".join((*names, *("" if shown[f] is None else str(shown[f]) for f in FIGURES)))
+        )
+    return "".join(line + "\r\n" for line in lines)
+
+
+_FORMULA = frozenset("=+-@\u2212")
+"""What a formula starts with in a spreadsheet (the minus sign too), once a name's
+full-width and small forms are folded (NFKC: U+FF1D is ``=``)."""
 
 
 def _cell(text: str) -> str:
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") and text != "-" else text
+    """A name as a quoted CSV cell, with a ``'`` before it when a spreadsheet could read
+    it as a formula: it starts with a tab, a CR or a LF, or its first character after any
+    spaces (of any width) is one of :data:`_FORMULA`."""
+    first = unicodedata.normalize("NFKC", text.lstrip()[:1])[:1]
+    if text[:1] in ("\t", "\r", "\n") or first in _FORMULA:
+        text = "'" + text
+    return '"' + text.replace('"', '""') + '"'
 
 
 async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorTime) -> bytes:
