@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from crossbar.config.model import MEMORY_DB
+from crossbar.config.model import MEMORY_DB, MIN_IDLE_BEFORE_EVICT
 from crossbar.config.secrets import mask_url, shown_url
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
@@ -173,6 +173,37 @@ def parse_retention(value: object) -> float:
     if seconds < 3600:
         raise ValueError(f"must be at least 1h, not {value!r}")
     return seconds
+
+
+MAX_PATTERN = 256
+"""Longest model pattern: a model id is at most 256 bytes."""
+
+
+def parse_model_patterns(value: object) -> tuple[str, ...]:
+    """``models:``: the models allowed, as names or glob patterns (``qwen3-*``,
+    ``*/Llama-3*``, ``[ab]-7b``), matched case-sensitively against the model asked for;
+    none (``None``): every model."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            "must be a non-empty list of model names or glob patterns (e.g. [qwen3-*]); "
+            "leave it out to allow every model"
+        )
+    for i, pattern in enumerate(value):
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise ValueError(f"item {i}: must be a model name or a glob pattern, not {pattern!r}")
+        if len(pattern) > MAX_PATTERN or not pattern.isprintable():
+            raise ValueError(f"item {i}: must be at most {MAX_PATTERN} printable characters")
+    return tuple(value)
+
+
+def parse_idle(value: object) -> float:
+    """``min_idle_before_evict``: a duration that may be zero (``0``, ``0s``: any idle
+    model may be evicted); none: :data:`MIN_IDLE_BEFORE_EVICT`."""
+    if value is None:
+        return MIN_IDLE_BEFORE_EVICT
+    return 0.0 if value in (0, "0") or value == "0s" else parse_duration(value)
 
 
 def parse_optional_duration(value: object) -> float | None:

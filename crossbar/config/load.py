@@ -21,7 +21,9 @@ from crossbar.config.fields import (
     parse_count,
     parse_duration,
     parse_flag,
+    parse_idle,
     parse_listen,
+    parse_model_patterns,
     parse_networks,
     parse_retention,
     parse_size,
@@ -44,8 +46,11 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
 _ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
 _ROUTE_KEYS |= {"affinity_max_load", "home_wait", "queue", "max_waiting", "wait_timeout"}
-_ROUTE_KEYS |= {"spillover"}
-_HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
+_ROUTE_KEYS |= {"spillover", "models", "min_idle_before_evict"}
+_HOLDER_PARSERS: dict[str, Any] = dict.fromkeys(
+    ("max_in_flight", "max_waiting", "max_loads_per_minute"), parse_count
+) | {"models": parse_model_patterns}
+_HOLDER_KEYS = {"name", "key", "priority"} | set(_HOLDER_PARSERS)
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 _HOST_KEYS = {"url", "api_key", "tls_ca", "slots"} | SETTING_KEYS
 _LIMIT_PARSERS: dict[str, Any] = {
@@ -138,8 +143,8 @@ class _Reader:
             raise self.fail(_join(key, "name"), problem)
         priority = self.one_of(_join(key, "priority"), body.get("priority", "normal"), PRIORITIES)
         limits = {
-            field: self.convert(_join(key, field), parse_count, body[field])
-            for field in ("max_in_flight", "max_waiting")
+            field: self.convert(_join(key, field), parse, body[field])
+            for field, parse in _HOLDER_PARSERS.items()
             if field in body
         }
         secret = self.key(_join(key, "key"), body["key"])
@@ -347,6 +352,8 @@ def _route(
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
         _home_wait(r, key, body, policy),
         r.convert(f"{key}.spillover", parse_flag, body.get("spillover", False)),
+        r.convert(f"{key}.models", parse_model_patterns, body.get("models")),
+        r.convert(f"{key}.min_idle_before_evict", parse_idle, body.get("min_idle_before_evict")),
     )
 
 

@@ -98,4 +98,6 @@ def _route(route: RouteConfig) -> dict[str, Any]:
         "max_waiting": route.max_waiting,
         "wait_timeout": route.wait_timeout,
         "spillover": route.spillover,
+        "models": list(route.models) or None,  # none: every model
+        "min_idle_before_evict": route.min_idle_before_evict,
     }

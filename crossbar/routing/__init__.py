@@ -3,13 +3,16 @@
 model is loaded. Pure rules, no I/O."""
 
 from crossbar.routing.affinity import Placement
+from crossbar.routing.allowance import LoadBudget, allows, refused_model
 from crossbar.routing.groups import best_group, routes_down
 from crossbar.routing.placement import (
     BUSY,
     EVICTS,
+    FAILED,
     FREE,
     LOADING,
     NO_AUTOLOAD,
+    RECENT,
     LoadCost,
     Occupancy,
     spill_places,
@@ -20,18 +23,23 @@ from crossbar.routing.rendezvous import rendezvous
 __all__ = [
     "BUSY",
     "EVICTS",
+    "FAILED",
     "FREE",
     "LOADING",
     "NO_AUTOLOAD",
+    "RECENT",
     "Ask",
     "CacheAffinity",
     "Choice",
     "Conversation",
+    "LoadBudget",
     "LoadCost",
     "Occupancy",
     "Placement",
+    "allows",
     "best_group",
     "places_conversations",
+    "refused_model",
     "rendezvous",
     "routes_down",
     "spill_places",
