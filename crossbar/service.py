@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from crossbar import __version__
 from crossbar.config import (
     DEMO_SOURCE,
+    MEMORY_DB,
     Changes,
     Config,
     ConfigError,
@@ -34,7 +35,7 @@ from crossbar.config import (
     tcp_address,
 )
 from crossbar.hosts import Hosts
-from crossbar.http import count_requests
+from crossbar.http import KeyGuard, count_requests
 from crossbar.pages import (
     ModelEvents,
     StatusApp,
@@ -48,7 +49,7 @@ from crossbar.queueing import Waits
 from crossbar.sites import PageResources, Private, Sites
 from crossbar.stats import AccessLog, Metrics, Observers
 from crossbar.upstream import describe
-from crossbar.usage import OneThread, UsageLedger, UsageStore
+from crossbar.usage import OneThread, UsageLedger, UsageQueries, UsageStore
 
 log = Logger()
 
@@ -239,7 +240,11 @@ def _usage_ledger(config: Config, reactor: Any, knows: Callable[[str], bool]) ->
     if config.usage_db is None:
         return None
     store, thread = UsageStore(config.usage_db), OneThread(reactor)
-    return UsageLedger(store, config.usage_retention, reactor, thread, knows)
+    queries = None  # a database in memory has one connection: queries share the writer's
+    if config.usage_db != MEMORY_DB:
+        reading = UsageStore(config.usage_db, reading=True)
+        queries = UsageQueries(reading, OneThread(reactor, "crossbar-usage-read"))
+    return UsageLedger(store, config.usage_retention, reactor, thread, knows, queries=queries)
 
 
 def _said(result: Reloaded) -> Reloaded:
@@ -284,6 +289,11 @@ def announcement(
         pages += " (the main port serves only /_crossbar/livez and /_crossbar/readyz)"
     if config.status_keys:
         pages += "; a status key is required (Authorization: Bearer <key>)"
+    elif KeyGuard.pages_take_route_keys(config):
+        pages += (
+            "; any route's key is required, since status_keys is empty"
+            " (set status_keys to keep the pages for admins)"
+        )
     lines.append(f"status pages: {pages}")
     return lines
 

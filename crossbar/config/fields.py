@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from crossbar.config.model import MEMORY_DB
+from crossbar.config.model import MEMORY_DB, MIN_IDLE_BEFORE_EVICT
 from crossbar.config.secrets import mask_url, shown_url
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
@@ -175,6 +175,37 @@ def parse_retention(value: object) -> float:
     return seconds
 
 
+MAX_PATTERN = 256
+"""Longest model pattern: a model id is at most 256 bytes."""
+
+
+def parse_model_patterns(value: object) -> tuple[str, ...]:
+    """``models:``: the models allowed, as names or glob patterns (``qwen3-*``,
+    ``*/Llama-3*``, ``[ab]-7b``), matched case-sensitively against the model asked for;
+    none (``None``): every model."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            "must be a non-empty list of model names or glob patterns (e.g. [qwen3-*]); "
+            "leave it out to allow every model"
+        )
+    for i, pattern in enumerate(value):
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise ValueError(f"item {i}: must be a model name or a glob pattern, not {pattern!r}")
+        if len(pattern) > MAX_PATTERN or not pattern.isprintable():
+            raise ValueError(f"item {i}: must be at most {MAX_PATTERN} printable characters")
+    return tuple(value)
+
+
+def parse_idle(value: object) -> float:
+    """``min_idle_before_evict``: a duration that may be zero (``0``, ``0s``: any idle
+    model may be evicted); none: :data:`MIN_IDLE_BEFORE_EVICT`."""
+    if value is None:
+        return MIN_IDLE_BEFORE_EVICT
+    return 0.0 if value in (0, "0") or value == "0s" else parse_duration(value)
+
+
 def parse_optional_duration(value: object) -> float | None:
     return None if value is None else parse_duration(value)
 
@@ -273,3 +304,25 @@ def _endpoint_problem(e: Exception) -> str:
 def shown_listen(listen: str) -> str:
     """A listen endpoint as an admin wrote it: without the backlog crossbar adds."""
     return listen.replace(f":backlog={LISTEN_BACKLOG}", "")
+
+
+def read_certificates(value: object, base: Path | None) -> tuple[str, bytes]:
+    """The PEM file a host's ``tls_ca`` names (relative to the config's folder), read and
+    checked now rather than at first use: its path and its bytes."""
+    from cryptography.x509 import load_pem_x509_certificates
+
+    if not isinstance(value, str) or not value.strip():
+        kind = "nothing" if value is None else type(value).__name__
+        raise ValueError(f"must be the path of a PEM file, not {kind}")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    try:
+        pem = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {(e.strerror or str(e)).lower()}") from None
+    try:
+        load_pem_x509_certificates(pem)
+    except ValueError:
+        raise ValueError(f"{path} holds no PEM certificate") from None
+    return str(path), pem

@@ -21,13 +21,17 @@ from crossbar.config.fields import (
     parse_count,
     parse_duration,
     parse_flag,
+    parse_idle,
     parse_listen,
+    parse_model_patterns,
     parse_networks,
+    parse_optional_count,
     parse_retention,
     parse_size,
     parse_url,
     parse_usage_db,
     parse_workers,
+    read_certificates,
     tcp_address,
 )
 from crossbar.config.model import (
@@ -44,8 +48,12 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
 _ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
 _ROUTE_KEYS |= {"affinity_max_load", "home_wait", "queue", "max_waiting", "wait_timeout"}
-_ROUTE_KEYS |= {"spillover", "max_waiting_per_key", "max_in_flight_per_key"}
-_HOLDER_KEYS = {"name", "key", "priority", "max_in_flight", "max_waiting"}
+_PER_KEY = ("max_waiting_per_key", "max_in_flight_per_key")
+_ROUTE_KEYS |= {"spillover", *_PER_KEY, "models", "min_idle_before_evict"}
+_HOLDER_PARSERS: dict[str, Any] = dict.fromkeys(
+    ("max_in_flight", "max_waiting", "max_loads_per_minute"), parse_count
+) | {"models": parse_model_patterns}
+_HOLDER_KEYS = {"name", "key", "priority"} | set(_HOLDER_PARSERS)
 _HOLDER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 _HOST_KEYS = {"url", "api_key", "tls_ca", "slots"} | SETTING_KEYS
 _LIMIT_PARSERS: dict[str, Any] = {
@@ -138,8 +146,8 @@ class _Reader:
             raise self.fail(_join(key, "name"), problem)
         priority = self.one_of(_join(key, "priority"), body.get("priority", "normal"), PRIORITIES)
         limits = {
-            field: self.convert(_join(key, field), parse_count, body[field])
-            for field in ("max_in_flight", "max_waiting")
+            field: self.convert(_join(key, field), parse, body[field])
+            for field, parse in _HOLDER_PARSERS.items()
             if field in body
         }
         secret = self.key(_join(key, "key"), body["key"])
@@ -279,29 +287,11 @@ def _host(r: _Reader, name: str, key: str, spec: object, defaults: HostSettings)
     if "tls_ca" in entry:
         if not url.startswith("https://"):
             raise r.fail(f"{key}.tls_ca", "is only for https:// hosts")
-        ca_path, ca = _certificates(r, f"{key}.tls_ca", entry["tls_ca"])
+        ca_path, ca = r.convert(
+            f"{key}.tls_ca", lambda v: read_certificates(v, r.base), entry["tls_ca"]
+        )
     slots = r.convert(f"{key}.slots", parse_count, entry["slots"]) if "slots" in entry else None
     return HostConfig(name, url, own if own != defaults else None, api_key, ca, ca_path, slots)
-
-
-def _certificates(r: _Reader, key: str, value: object) -> tuple[str, bytes]:
-    """The PEM file a ``tls_ca`` names, read and checked now rather than at first use."""
-    from cryptography.x509 import load_pem_x509_certificates
-
-    if not isinstance(value, str) or not value.strip():
-        raise r.fail(key, f"must be the path of a PEM file, not {_kind(value)}")
-    path = Path(value).expanduser()
-    if not path.is_absolute() and r.base is not None:
-        path = r.base / path
-    try:
-        pem = path.read_bytes()
-    except OSError as e:
-        raise r.fail(key, f"cannot read {path}: {(e.strerror or str(e)).lower()}") from None
-    try:
-        load_pem_x509_certificates(pem)
-    except ValueError:
-        raise r.fail(key, f"{path} holds no PEM certificate") from None
-    return str(path), pem
 
 
 def _route(
@@ -333,6 +323,7 @@ def _route(
     listing = r.one_of(
         f"{key}.list_models", body.get("list_models", "forwarded"), model_.LIST_MODELS
     )
+    per_key = [r.convert(f"{key}.{k}", parse_optional_count, body.get(k)) for k in _PER_KEY]
     return RouteConfig(
         name,
         tuple(members),
@@ -346,14 +337,12 @@ def _route(
         r.convert(f"{key}.max_waiting", parse_count, body.get("max_waiting", 256)),
         r.convert(f"{key}.wait_timeout", parse_duration, body.get("wait_timeout", 120)),
         _home_wait(r, key, body, policy),
-        _per_key(r, f"{key}.max_waiting_per_key", body.get("max_waiting_per_key")),
-        _per_key(r, f"{key}.max_in_flight_per_key", body.get("max_in_flight_per_key")),
+        per_key[0],
+        per_key[1],
         r.convert(f"{key}.spillover", parse_flag, body.get("spillover", False)),
+        r.convert(f"{key}.models", parse_model_patterns, body.get("models")),
+        r.convert(f"{key}.min_idle_before_evict", parse_idle, body.get("min_idle_before_evict")),
     )
-
-
-def _per_key(r: _Reader, where: str, value: object) -> int | None:
-    return None if value is None else int(r.convert(where, parse_count, value))
 
 
 MAX_HOME_WAIT = 60.0

@@ -91,6 +91,11 @@ HOME_WAIT = 5.0
 for an agent's; a busy host frees a slot within a few (``benchmarks/home_wait.py``)."""
 
 
+MIN_IDLE_BEFORE_EVICT = 30.0
+"""The default ``min_idle_before_evict``: an agent thinks between turns for seconds to
+tens of seconds; a model evicted meanwhile costs it a reload and its prompt cache."""
+
+
 @attrs.frozen
 class RouteConfig:
     name: str
@@ -130,6 +135,12 @@ class RouteConfig:
     """When every host with the model loaded has all its slots busy and a request would
     wait, start one more copy where it is cheapest (a free instance or an idle model to
     evict), one load at a time per model."""
+    models: tuple[str, ...] = ()
+    """Glob patterns of the models this route serves; a request for another is answered
+    403. Empty: every model."""
+    min_idle_before_evict: float = MIN_IDLE_BEFORE_EVICT
+    """Seconds a model must have had no request before placement may evict it to load
+    another (0: any idle model may go)."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:
@@ -182,7 +193,8 @@ class Config:
     can open the same port while this one drains (an upgrade with no refused connection)."""
     limits: Limits = Limits()
     status_keys: tuple[Secret, ...] = ()
-    """Keys for ``/_crossbar/`` (all but ``livez`` and ``readyz``); empty: open."""
+    """Keys for ``/_crossbar/`` (all but ``livez`` and ``readyz``); empty: any route's key
+    when a route has keys, else open."""
     status_listen: str | None = None
     """An endpoint of its own for the status pages; the main port then serves only
     ``livez`` and ``readyz`` under ``/_crossbar/``."""

@@ -41,6 +41,11 @@ class KeyHolder:
     """Requests of this holder's sent to hosts at once; more wait in crossbar."""
     max_waiting: int | None = None
     """Requests of this holder's waiting at once; more are answered 429."""
+    models: tuple[str, ...] = ()
+    """Glob patterns of the models this holder may ask for; another is answered 403.
+    Empty: every model its routes serve."""
+    max_loads_per_minute: int | None = None
+    """Model loads this holder's requests may cause in a minute; more are answered 429."""
 
 
 @attrs.frozen(repr=False)

@@ -100,4 +100,6 @@ def _route(route: RouteConfig) -> dict[str, Any]:
         "max_in_flight_per_key": route.max_in_flight_per_key,
         "wait_timeout": route.wait_timeout,
         "spillover": route.spillover,
+        "models": list(route.models) or None,  # none: every model
+        "min_idle_before_evict": route.min_idle_before_evict,
     }

@@ -4,9 +4,11 @@
 A key is offered as ``Authorization: Bearer <key>`` (the scheme in any case) or
 ``X-Api-Key: <key>`` and compared in constant time. A route with keys needs one of
 its own; ``/_crossbar/`` needs a status key, except ``livez`` and ``readyz`` that a
-load balancer asks. A route that does not exist needs a key of some route whenever any
-route has keys: a stranger then gets the same 401 for a route with keys as for one
-that is not there, and cannot learn their names by trying.
+load balancer asks. With no ``status_keys`` but a route with keys, the pages take any
+route's key: a stranger never reads them, whatever was left out of the config. A route
+that does not exist needs a key of some route whenever any route has keys: a stranger
+then gets the same 401 for a route with keys as for one that is not there, and cannot
+learn their names by trying.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from crossbar.http.admission import Refusal
 
 UNAUTHORIZED = Refusal(401, "unauthorized", headers=((b"WWW-Authenticate", b"Bearer"),), close=True)
 """Closed after it: the body of a request refused unread is not read either."""
+PAGES_UNAUTHORIZED = attrs.evolve(UNAUTHORIZED, error="unauthorized: the status pages need a key")
+"""A stranger at the status pages (not the probes)."""
 STATUS = b"_crossbar"
 PROBES = frozenset({b"/_crossbar/livez", b"/_crossbar/readyz"})
 """Open to all, whatever the keys: a load balancer asks them without one."""
@@ -54,6 +58,7 @@ class KeyGuard:
 
     routes: Mapping[bytes, tuple[Secret, ...]]
     status: tuple[Secret, ...]
+    """The keys the pages take: ``status_keys``, or with none, every route's keys."""
     pages: Pages = "all"
     any_route: tuple[Secret, ...] = attrs.field(init=False)
     """Every route's keys together: what a route that is not there asks for."""
@@ -67,7 +72,14 @@ class KeyGuard:
         if isinstance(pages, Peers):
             return cls({}, (pages.secret,), pages)
         routes = {name.encode("ascii"): route.api_keys for name, route in config.routes.items()}
-        return cls(routes, config.status_keys, pages)
+        guard = cls(routes, config.status_keys, pages)
+        return guard if config.status_keys else attrs.evolve(guard, status=guard.any_route)
+
+    @staticmethod
+    def pages_take_route_keys(config: Config) -> bool:
+        """Whether the pages take any route's key: some route has keys, and there are no
+        ``status_keys`` to ask for instead."""
+        return not config.status_keys and any(r.api_keys for r in config.routes.values())
 
     @property
     def needed(self) -> bool:
@@ -94,4 +106,4 @@ class KeyGuard:
     def _status(self, path: bytes, headers: RawHeaders) -> Refusal | None:
         if not self.status or path in PROBES or holds_key(headers, self.status):
             return None
-        return UNAUTHORIZED
+        return PAGES_UNAUTHORIZED

@@ -106,7 +106,7 @@ class StatusApp:
     # -- views of the state ----------------------------------------------------------------
 
     def host_json(self, state: HostState) -> dict[str, Any]:
-        doc = state.to_json()
+        doc = state.to_json(self.clock.seconds())
         doc["last_ok"] = rfc3339(state.last_ok)
         doc["in_flight"] = self.traffic.in_flight.get(state.name, 0)
         doc["leaving"] = state.name not in self.config.hosts  # reloaded away, finishing

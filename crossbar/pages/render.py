@@ -300,7 +300,7 @@ class StatusPage(Element):
             "url": state.url,
             "state": _mark(state.state),
             "last_ok": self._last_ok(state),
-            "error": tags.span(state.last_err, class_="err") if state.last_err else "",
+            "error": self._errors(state),
             "loaded": self._loaded(state),
             "known": _models(state.known, state.models_note),
             "consecutive": str(state.consecutive),
@@ -309,6 +309,12 @@ class StatusPage(Element):
             "errors": tags.span(str(recent.errors), class_="err") if recent.errors else "0",
             "ttfb": _muted("none") if p50 is None else short_seconds(p50),
         }
+
+    def _errors(self, state: HostState) -> Flattenable:
+        """The host's last error, and the models it failed to load lately."""
+        failed = state.load_failures.said(self.now) if state.load_failures.total else ""
+        text = "; ".join(t for t in (state.last_err, failed) if t)
+        return tags.span(text, class_="err") if text else ""
 
     def _route_cells(self, name: str, route: RouteConfig) -> dict[str, Flattenable]:
         model = route.default_model

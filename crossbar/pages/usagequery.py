@@ -13,15 +13,15 @@ Parameters (each at most once; anything else is a 400 naming it):
 ``format``
     ``json`` (the default) or ``csv``.
 
-The query runs on the store's own thread; one that has not answered in
-:data:`QUERY_SECONDS` (a disk that hangs) is a 503, never a stalled page.
+The query runs on a connection and a thread of its own, never holding the writer's
+batches; at most two run at once (a third is a 503 in words). One that has not answered
+in :data:`QUERY_SECONDS` is a 503, never a stalled page, and is stopped where it is.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +32,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from crossbar.pages.times import rfc3339
-from crossbar.usage import COUNTS, GROUPS, UsageLedger
+from crossbar.usage import COUNTS, GROUPS, QueriesBusy, UsageLedger
 
 DEFAULT_SPAN = 86400.0
 QUERY_SECONDS = 10.0
@@ -153,20 +153,32 @@ def as_json(ask: UsageQuery, rows: Sequence[Mapping[str, Any]], retention: float
 
 
 def as_csv(ask: UsageQuery, rows: Sequence[Mapping[str, Any]]) -> str:
-    """A header, then a line a group. A cell a spreadsheet would take for a formula (a
-    model's name comes from a host) is quoted with a leading ``'``."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow([*ask.by, *FIGURES])
+    """A header, then a line a group: its names quoted, its figures as numbers. A name a
+    spreadsheet would take for a formula (a model's name comes from a host) starts with
+    ``'``."""
+    lines = [",".join((*ask.by, *FIGURES))]
     for row in rows:
         shown = figures(row)
         names = [_cell(str(row[name])) for name in ask.by]
-        writer.writerow([*names, *("" if shown[f] is None else shown[f] for f in FIGURES)])
-    return out.getvalue()
+        lines.append(
+            ",".join((*names, *("" if shown[f] is None else str(shown[f]) for f in FIGURES)))
+        )
+    return "".join(line + "\r\n" for line in lines)
+
+
+_FORMULA = frozenset("=+-@\u2212")
+"""What a formula starts with in a spreadsheet (the minus sign too), once a name's
+full-width and small forms are folded (NFKC: U+FF1D is ``=``)."""
 
 
 def _cell(text: str) -> str:
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") and text != "-" else text
+    """A name as a quoted CSV cell, with a ``'`` before it when a spreadsheet could read
+    it as a formula: it starts with a tab, a CR or a LF, or its first character after any
+    spaces (of any width) is one of :data:`_FORMULA`."""
+    first = unicodedata.normalize("NFKC", text.lstrip()[:1])[:1]
+    if text[:1] in ("\t", "\r", "\n") or first in _FORMULA:
+        text = "'" + text
+    return '"' + text.replace('"', '""') + '"'
 
 
 async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorTime) -> bytes:
@@ -183,8 +195,11 @@ async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorT
     try:
         rows = await asked.addTimeout(QUERY_SECONDS, clock)
     except TimeoutError:
-        reason = f"the usage store has not answered in {QUERY_SECONDS:g} s"
+        reason = f"the usage store has not answered in {QUERY_SECONDS:g} s; the query was stopped"
         return _json(request, 503, {"error": "usage store busy", "reason": reason})
+    except QueriesBusy as busy:
+        request.setHeader(b"retry-after", b"5")
+        return _json(request, 503, {"error": "usage queries busy", "reason": str(busy)})
     except Exception as e:
         return _json(request, 503, {"error": "usage store failed", "reason": str(e)[:300]})
     if ask.format == "csv":

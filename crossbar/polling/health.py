@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import attrs
 
 from crossbar.config import HostSettings
+from crossbar.polling.loadfailures import NO_FAILURES, LoadFailures
 from crossbar.polling.routerprops import Room
 
 
@@ -80,6 +81,9 @@ class HostState:
             return None
         return self.windows.get(model) or self.trained.get(model)
 
+    load_failures: LoadFailures = NO_FAILURES
+    """The models it failed to load lately, each backed off (:meth:`HealthTable.load_failed`)."""
+
     def capacity(self, model: str) -> int | None:
         """The slots ``model`` runs here as learned, or ``None`` when unknown; a host's
         ``slots:`` in the config overrides this (the caller applies it)."""
@@ -91,7 +95,9 @@ class HostState:
             return "unknown"
         return "up" if self.healthy else "down"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """The state as the status JSON shows it; ``now``: the time, to show how long each
+        model that failed to load is backed off."""
         doc: dict[str, Any] = {
             "url": self.url,
             "healthy": self.healthy,
@@ -115,6 +121,8 @@ class HostState:
             doc["windows"] = dict(sorted(self.windows.items()))
         if self.trained:
             doc["trained"] = dict(sorted(self.trained.items()))
+        if self.load_failures.total and now is not None:
+            doc["failed_loads"] = self.load_failures.to_json(now)
         return doc
 
 
@@ -249,6 +257,7 @@ class HealthTable:
             slots={m: n for m, n in old.slots.items() if m in loaded},
             windows={m: n for m, n in old.windows.items() if m in loaded},
             trained=old.trained if trained is None else trained,
+            load_failures=old.load_failures.cleared(loaded),
             consecutive=consecutive,
             last_ok=self._clock.seconds(),
             last_err="",
@@ -347,6 +356,14 @@ class HealthTable:
             self.request_failed(name, f"answered after {latency:.1f}s")
         else:
             self.request_ok(name)
+
+    def load_failed(self, name: str, model: str) -> None:
+        """The host answered that it failed to load ``model``: it is not asked to load it
+        again for a while (longer at each failure in a row). Up or down is unchanged."""
+        old = self._states.get(name)
+        if old is not None:
+            failures = old.load_failures.failed(model, self._clock.seconds())
+            self._states[name] = attrs.evolve(old, load_failures=failures)
 
     def request_ok(self, name: str) -> None:
         """A real request to this host went well: its run of failures is over."""

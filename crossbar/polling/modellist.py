@@ -11,7 +11,8 @@ A host's list is held to :data:`MAX_MODELS` models of ids up to :data:`MAX_ID_BY
 (:func:`read_models`): a lab has tens of models, and every page, listing and choice
 reads the lists, so a host listing half a million ids must not make each of them slow.
 An id with a control character is dropped: it would reach the page, the JSON and the
-metrics' labels raw.
+metrics' labels raw. So is one of crossbar's own names for what no host lists
+(:data:`OTHER_MODEL`, :data:`NO_MODEL`): a host's model never shares their sums.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ MAX_MERGED = 1000
 MAX_TRAINED = 1 << 24
 """Largest training context believed (tokens); more, or fewer than one, is unknown."""
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+OTHER_MODEL = "(other)"
+"""How a model no host lists is shown in the metrics, the JSON log and the usage store: a
+client may write any name, of any length, and must not choose what they hold."""
+NO_MODEL = "(none)"
+"""The model of a request that named none (and no route's default applied)."""
+OWN_NAMES = frozenset({OTHER_MODEL, NO_MODEL})
+"""Ids a host may not list: crossbar's own placeholders."""
 
 
 @attrs.frozen
@@ -80,7 +88,8 @@ class ModelList:
     cut: bool = False
     """More than :data:`MAX_MODELS` models were listed: the rest were not read."""
     dropped: int = 0
-    """Ids dropped (among those read): too long, or with a control character."""
+    """Ids dropped (among those read): too long, with a control character, or one of
+    :data:`OWN_NAMES`."""
     loading: tuple[str, ...] = ()
     """Models listed as ``loading`` (a router's), in the order listed."""
     trained: tuple[tuple[str, int], ...] = ()
@@ -95,8 +104,8 @@ class ModelList:
         if self.dropped:
             ids = "model id" if self.dropped == 1 else "model ids"
             parts.append(
-                f"{self.dropped:,} {ids} dropped (over {MAX_ID_BYTES} bytes, or with a"
-                " control character)"
+                f"{self.dropped:,} {ids} dropped (over {MAX_ID_BYTES} bytes, with a"
+                " control character, or one of crossbar's own names: (other), (none))"
             )
         return "; ".join(parts)
 
@@ -119,7 +128,7 @@ def read_models(body: bytes) -> ModelList:
         if len(model_id) * 4 > MAX_ID_BYTES and len(model_id.encode()) > MAX_ID_BYTES:
             dropped += 1
             continue
-        if _CONTROL.search(model_id):
+        if _CONTROL.search(model_id) or model_id in OWN_NAMES:
             dropped += 1
             continue
         if model_id not in known:

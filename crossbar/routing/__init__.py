@@ -3,14 +3,17 @@
 model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 
 from crossbar.routing.affinity import Placement
+from crossbar.routing.allowance import LoadBudget, allows, refused_model
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
 from crossbar.routing.groups import best_group, routes_down
 from crossbar.routing.placement import (
     BUSY,
     EVICTS,
+    FAILED,
     FREE,
     LOADING,
     NO_AUTOLOAD,
+    RECENT,
     LoadCost,
     Occupancy,
     spill_places,
@@ -21,21 +24,26 @@ from crossbar.routing.rendezvous import rendezvous
 __all__ = [
     "BUSY",
     "EVICTS",
+    "FAILED",
     "FREE",
     "LOADING",
     "NO_AUTOLOAD",
+    "RECENT",
     "REPLY_MARGIN",
     "Ask",
     "CacheAffinity",
     "Choice",
     "Conversation",
+    "LoadBudget",
     "LoadCost",
     "Occupancy",
     "Placement",
+    "allows",
     "best_group",
     "fits_nowhere",
     "largest_window",
     "places_conversations",
+    "refused_model",
     "rendezvous",
     "routes_down",
     "spill_places",

@@ -8,17 +8,23 @@ So, for a model that no healthy host of the group has loaded, the hosts that kno
 0. a host loading it already (listed ``loading``, or crossbar has requests for it there in
    flight): further requests wait for that load rather than start a second one elsewhere;
 1. a host with a free instance;
-2. a host with an idle model to evict, the one whose victim has been idle longest first;
+2. a host with an idle model to evict, the one whose victim has been idle longest first
+   (a model is a victim only once idle for the route's ``min_idle_before_evict``);
 3. a host whose room is unknown;
 4. a host whose loaded models are all busy (the request would wait there);
-5. a host that loads nothing by itself (``models_autoload: false``).
+5. a host whose idle models were all used within ``min_idle_before_evict`` (an agent
+   thinking between turns: evicting its model costs it a reload and its prompt cache);
+6. a host that loads nothing by itself (``models_autoload: false``);
+7. a host where loading the model failed lately (backed off: see
+   :mod:`crossbar.polling.loadfailures`).
 
 The best rank's hosts are left, in route order, for the route's policy to break the tie.
 With no room known on any of them (single-model hosts, routers that do not tell), placement
 says nothing: the policy picks as it always has.
 
 With ``spillover: true`` a route starts one more copy of a model whose hosts have every slot
-busy, rather than make the request wait (:func:`spill_places`).
+busy, rather than make the request wait (:func:`spill_places`): only where a load is cheap
+(ranks 1 and 2), never where it failed lately or would evict a model used lately.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from crossbar.polling.health import HostState
 Key = tuple[str, str | None]
 """A host and a model."""
 
-LOADING, FREE, EVICTS, UNKNOWN, BUSY, NO_AUTOLOAD = range(6)
+LOADING, FREE, EVICTS, UNKNOWN, BUSY, RECENT, NO_AUTOLOAD, FAILED = range(8)
 
 
 @attrs.frozen
@@ -100,12 +106,26 @@ class LoadCost:
         return doc
 
 
-_WHY = ("loading", "free instance", "evicts idle model", "room unknown", "all busy", "no autoload")
+_WHY = (
+    "loading",
+    "free instance",
+    "evicts idle model",
+    "room unknown",
+    "all busy",
+    "idle models used lately",
+    "no autoload",
+    "failed to load lately",
+)
 
 
-def rank(state: HostState, model: str, usage: Occupancy, now: float) -> LoadCost:
-    """How cheaply ``state``'s host would load ``model`` (not loaded there)."""
+def rank(
+    state: HostState, model: str, usage: Occupancy, now: float, min_idle: float = 0.0
+) -> LoadCost:
+    """How cheaply ``state``'s host would load ``model`` (not loaded there); a model idle
+    for less than ``min_idle`` seconds is never the one evicted for it."""
     name = state.name
+    if state.load_failures.backed_off(model, now):
+        return LoadCost(name, FAILED)
     running = usage.running(state)
     if model in state.loading or model in running:
         return LoadCost(name, LOADING)
@@ -123,22 +143,28 @@ def rank(state: HostState, model: str, usage: Occupancy, now: float) -> LoadCost
     if not idle:
         return LoadCost(name, BUSY, free=0, instances=instances)
     seconds, victim = max(idle, key=lambda pair: pair[0])  # the least recently used idle one
-    return LoadCost(name, EVICTS, victim, seconds, 0, instances)
+    kind = EVICTS if seconds >= min_idle else RECENT
+    return LoadCost(name, kind, victim, seconds, 0, instances)
 
 
 def spill_places(
-    hosts: Sequence[HostState], model: str | None, usage: Occupancy, now: float
+    hosts: Sequence[HostState],
+    model: str | None,
+    usage: Occupancy,
+    now: float,
+    min_idle: float = 0.0,
 ) -> list[LoadCost]:
     """Where one more copy of ``model`` may start (``spillover: true``): the healthy
     ``hosts`` of the route, when every one that has it loaded has all its slots for it
-    busy. Only a host with a free instance or an idle model to evict (never a busy one);
-    none while a load of it runs on any of them: one load at a time per model."""
+    busy. Only a host with a free instance or a model idle for ``min_idle`` to evict (never
+    a busy one, nor one where the model failed to load lately); none while a load of it
+    runs on any of them: one load at a time per model."""
     if model is None:
         return []
     loaded = [s for s in hosts if model in s.loaded]
     if not loaded or not all(usage.full(s, model) for s in loaded):
         return []
-    loads = [rank(s, model, usage, now) for s in hosts if model not in s.loaded]
+    loads = [rank(s, model, usage, now, min_idle) for s in hosts if model not in s.loaded]
     if any(load.rank == LOADING for load in loads):
         return []
     tier = [load for load in loads if load.rank in (FREE, EVICTS)]
@@ -147,18 +173,24 @@ def spill_places(
 
 
 def cheapest(
-    group: Sequence[HostState], model: str | None, usage: Occupancy, now: float
+    group: Sequence[HostState],
+    model: str | None,
+    usage: Occupancy,
+    now: float,
+    min_idle: float = 0.0,
 ) -> list[LoadCost] | None:
     """The group's hosts that would load ``model`` most cheaply, in group order; ``None``
     when placement has nothing to say: no model, the model loaded on a host of the group,
-    or no host of the group with a known room (the policy then picks as before)."""
+    or no host of the group with a known room and none where it failed to load lately
+    (the policy then picks as before). ``min_idle``: the route's ``min_idle_before_evict``."""
     if model is None or not group or model in group[0].loaded:  # most requests: at once
         return None
     if any(model in s.loaded for s in group):
         return None
-    if all(s.max_instances is None for s in group):
+    unknown = all(s.max_instances is None for s in group)
+    if unknown and not any(s.load_failures.backed_off(model, now) for s in group):
         return None
-    loads = [rank(s, model, usage, now) for s in group]
+    loads = [rank(s, model, usage, now, min_idle) for s in group]
     best = min(load.rank for load in loads)
     tier = [load for load in loads if load.rank == best]
     if best == EVICTS:

@@ -114,7 +114,7 @@ class Policy:
         """The best group; when it has the model loaded nowhere, only its cheapest places
         to load it (with what each costs)."""
         group = best_group(route.hosts, model, states, exclude)
-        loads = cheapest(group, model, self.usage, now) or []
+        loads = cheapest(group, model, self.usage, now, route.min_idle_before_evict) or []
         if loads:
             cheap = {load.host for load in loads}
             group = [s for s in group if s.name in cheap]

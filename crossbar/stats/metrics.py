@@ -34,7 +34,7 @@ from crossbar.config import Reloads
 from crossbar.polling import HealthTable
 from crossbar.queueing import Traffic
 from crossbar.stats.queuemetrics import QueueCollector
-from crossbar.stats.record import OTHER_MODEL, RequestRecord
+from crossbar.stats.record import NO_MODEL, OTHER_MODEL, RequestRecord
 from crossbar.stats.tokenmetrics import UsageCounts
 
 __all__ = ["CONTENT_TYPE", "Metrics", "merge_workers"]
@@ -238,7 +238,7 @@ class _RequestCounts:
             sent.add_metric(labels, counts.sent)
         models = CounterMetricFamily(
             "crossbar_model_requests",
-            "Requests by route and the model they asked for (other: one no host knows).",
+            "Requests by route and the model they asked for ((other): one no host knows).",
             labels=["route", "model"],
         )
         for (route, model), count in self.models.items():
@@ -315,7 +315,7 @@ class Metrics:
             mine.first_byte[bisect_left(FIRST_BYTE_BUCKETS, first_byte)] += 1
             mine.first_byte_sum += first_byte
         mine.sent += record.sent
-        label = "-"
+        label = NO_MODEL
         if record.model is not None:
             label = record.model if self._table.knows(record.model) else OTHER_MODEL
             models = counts.models

@@ -13,11 +13,9 @@ from typing import Protocol
 
 import attrs
 
+from crossbar.polling.modellist import NO_MODEL as NO_MODEL  # the names stats and usage show
+from crossbar.polling.modellist import OTHER_MODEL as OTHER_MODEL
 from crossbar.routing.affinity import AffinityOutcome
-
-OTHER_MODEL = "other"
-"""How a model no host lists is shown in metrics and the JSON log: a client may write any
-name, of any length, and must not choose what the labels and log lines hold."""
 
 
 @attrs.frozen(slots=False)

@@ -37,8 +37,8 @@ class UsageCounts:
         self.speed: dict[tuple[str, str], _Histogram] = {}
 
     def count(self, record: RequestRecord, route: str, host: str, model: str) -> None:
-        """One ended request; ``model`` as the metrics show it (``other`` when no host
-        lists it). Without keys, usage goes to the route."""
+        """One ended request; ``model`` as the metrics show it (``(other)`` when no host
+        lists it, ``(none)`` when none was asked for). Without keys, usage goes to the route."""
         key = record.key or route
         tokens = self.tokens
         for kind, value in (

@@ -2,6 +2,7 @@
 across restarts in a SQLite store, summed per minute."""
 
 from crossbar.usage.ledger import UsageLedger
+from crossbar.usage.queries import QueriesBusy, UsageQueries
 from crossbar.usage.reader import APIS, AnswerReader
 from crossbar.usage.store import GROUPS, UsageStore
 from crossbar.usage.sums import COUNTS
@@ -13,6 +14,8 @@ __all__ = [
     "GROUPS",
     "AnswerReader",
     "OneThread",
+    "QueriesBusy",
     "UsageLedger",
+    "UsageQueries",
     "UsageStore",
 ]

@@ -1,17 +1,26 @@
 """The numbers an answer reports of its work, checked as they come: a count that is not a
 whole number, is negative or is too large, or a time that is not a number, is ignored and
-counted as bad, never summed. Pure, no I/O (the reader is :mod:`crossbar.usage.reader`)."""
+counted as bad, never summed. Then, once read, checked against what is plausible for the
+request (:class:`Bounds`): a host cannot charge a key a billion tokens for a short answer.
+Pure, no I/O (the reader is :mod:`crossbar.usage.reader`)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
+import attrs
 import msgspec
 
 MOST_TOKENS = 10**9
 """More tokens than any prompt or answer has: a larger count is a bad number."""
 MOST_MS = 1e9
 """A longer time (about 11 days) or a faster speed is a bad number."""
+CEILING = 10_000_000
+"""Most prompt or generated tokens one answer is believed to report when nothing tighter
+is known (ten times the longest context of today's models)."""
+MARGIN = 64
+"""Generated tokens believed past ``max_tokens`` (and a tenth of it): a host may count
+an end-of-generation token or a template's closing tokens."""
 
 Raw = msgspec.Raw | msgspec.UnsetType
 _UNSET = msgspec.UNSET
@@ -147,3 +156,48 @@ class Tally:
     def object(self, raw: Raw | None) -> dict[str, msgspec.Raw]:
         """A JSON object's keys, or none (counted bad when it is something else)."""
         return self._decoded(_OBJECT, raw) or {}
+
+
+@attrs.frozen
+class Bounds:
+    """What one answer may plausibly report; past it, a number is dropped (unknown, and
+    counted bad) rather than charged to the key."""
+
+    prompt: int = CEILING
+    """Most prompt tokens (cached ones included): the host's context window when known."""
+    generated: int = CEILING
+    """Most generated tokens: the request's ``max_tokens`` and a margin when it gave one."""
+    prompt_from: str = "crossbar's ceiling"
+    generated_from: str = "crossbar's ceiling"
+
+    @classmethod
+    def of(cls, window: int | None = None, max_tokens: int | None = None) -> Bounds:
+        """The bounds of a request: ``window``, the host's context size in tokens (if
+        known); ``max_tokens``, what the request allowed (if it said)."""
+        bounds = cls()
+        if window is not None and 0 < window < CEILING:
+            bounds = attrs.evolve(bounds, prompt=window, prompt_from="the host's window")
+        if max_tokens is not None and 0 <= max_tokens < CEILING:
+            most = max_tokens + max(MARGIN, max_tokens // 10)
+            words = f"max_tokens {max_tokens:,} and a margin"
+            bounds = attrs.evolve(bounds, generated=most, generated_from=words)
+        return bounds
+
+    def check(
+        self, prompt: int | None, cached: int | None, generated: int | None
+    ) -> tuple[int | None, int | None, int | None, list[str]]:
+        """``(prompt, cached, generated)`` with each implausible number dropped (cached
+        tokens go with their prompt), and what was dropped, in words (numbers only)."""
+        dropped = []
+        if prompt is not None and prompt > self.prompt:
+            dropped.append(f"prompt_tokens {prompt:,} over {self.prompt:,} ({self.prompt_from})")
+            prompt = cached = None
+        if cached is not None and cached > self.prompt:
+            dropped.append(f"cached_tokens {cached:,} over {self.prompt:,} ({self.prompt_from})")
+            cached = None
+        if generated is not None and generated > self.generated:
+            dropped.append(
+                f"completion_tokens {generated:,} over {self.generated:,} ({self.generated_from})"
+            )
+            generated = None
+        return prompt, cached, generated, dropped

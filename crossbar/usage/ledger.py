@@ -17,7 +17,6 @@ fails and one when it writes again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
@@ -27,8 +26,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from crossbar.stats import RequestRecord
+from crossbar.usage.queries import Rows, UsageQueries
 from crossbar.usage.store import UsageStore
 from crossbar.usage.sums import MinuteSums, Place, Sums
+from crossbar.usage.thread import Runner
 
 FLUSH_SECONDS = 5.0
 PRUNE_SECONDS = 3600.0
@@ -40,16 +41,7 @@ MOST_ROWS = 20_000
 """Rows (a minute of a route, host, model and key) held while the store cannot take
 them: a few MB."""
 
-T = TypeVar("T")
 log = Logger(namespace="crossbar.usage")
-
-
-class Runner(Protocol):
-    """Where the store's blocking calls run: :class:`~crossbar.usage.thread.OneThread`."""
-
-    def run(self, f: Callable[..., T], *args: Any) -> Deferred[T]: ...
-
-    def stop(self) -> None: ...
 
 
 class UsageLedger(Service):
@@ -64,10 +56,14 @@ class UsageLedger(Service):
         thread: Runner,
         knows: Callable[[str], bool],
         *,
+        queries: UsageQueries | None = None,
         every: float = FLUSH_SECONDS,
         most: int = MOST_ROWS,
     ) -> None:
         self.store, self.retention = store, retention
+        self.queries = queries or UsageQueries(store, thread)
+        """Where :meth:`query` reads: a connection and a thread apart from the writer's
+        (by default the writer's own, as a ``":memory:"`` store must)."""
         self.off: str | None = None
         """Why the store is not used, in words; ``None`` while it is (or is opening)."""
         self.sums = MinuteSums(knows, most)
@@ -139,6 +135,7 @@ class UsageLedger(Service):
             if self.off is None:
                 self._thread.run(self.store.close).addErrback(lambda _: None)
             self._thread.stop()
+            self.queries.stop()
 
         # No cancel of the write on time out: a thread cannot be stopped mid-call.
         ended: Deferred[None] = Deferred()
@@ -208,11 +205,10 @@ class UsageLedger(Service):
 
     # -- reading ----------------------------------------------------------------------------
 
-    def query(
-        self, since: float, until: float, by: Sequence[str]
-    ) -> Deferred[list[dict[str, Any]]]:
-        """The store's sums over ``[since, until)`` by ``by``, read on its thread."""
-        return self._thread.run(self.store.query, since, until, tuple(by))
+    def query(self, since: float, until: float, by: Sequence[str]) -> Deferred[Rows]:
+        """The store's sums over ``[since, until)`` by ``by`` (see :class:`UsageQueries`:
+        a failure with ``QueriesBusy`` when too many run; cancelled, the query stops)."""
+        return self.queries.query(since, until, by)
 
 
 def _reason(failure: Failure) -> str:

@@ -34,7 +34,7 @@ from typing import TypeVar
 import attrs
 import msgspec
 
-from crossbar.usage.counts import ERRORS, GoodCounts, GoodTimings, Tally
+from crossbar.usage.counts import ERRORS, Bounds, GoodCounts, GoodTimings, Tally
 from crossbar.usage.sse import events_with, fields, trailing_objects
 
 MAX_EVENT = 64 * 1024
@@ -45,6 +45,8 @@ MAX_BODY = 1024 * 1024
 """Longest answer that is not streamed read for its usage; past it, unknown and counted bad."""
 
 APIS = frozenset({"chat", "completion", "anthropic", "responses"})
+_UNBOUNDED = Bounds()
+"""Nothing known of the request or the host: :data:`~crossbar.usage.counts.CEILING`."""
 
 _UNSET = msgspec.UNSET
 Raw = msgspec.Raw | msgspec.UnsetType
@@ -111,7 +113,8 @@ def _filled(raw: Raw | None) -> bool:
 class AnswerReader:
     """Reads one answer's body for its :class:`TokenUsage`; ``api`` is ``chat``, ``completion``,
     ``anthropic`` or ``responses`` (anything else reads nothing), ``streamed`` whether the
-    body is server-sent events. ``now`` gives the times of content events."""
+    body is server-sent events. ``now`` gives the times of content events. Numbers past
+    ``bounds`` are dropped; ``said`` is told which, in one line (numbers, never a body)."""
 
     feed: Callable[[bytes], None]
     """Every chunk of the (de-chunked) body, in order, as it is relayed; after a stream's
@@ -132,8 +135,16 @@ class AnswerReader:
     _streamed_end: frozenset[bytes] | None = None
     _big_end = b""  # a Responses stream's last event's name line
 
-    def __init__(self, api: str, streamed: bool, now: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        api: str,
+        streamed: bool,
+        now: Callable[[], float] | None = None,
+        bounds: Bounds = _UNBOUNDED,
+        said: Callable[[str], object] | None = None,
+    ) -> None:
         self._api = api
+        self._bounds, self._said = bounds, said
         self._now = now or time.monotonic
         self._tally = Tally()
         self._pending = bytearray()  # the event being read, before the first content
@@ -348,14 +359,18 @@ class AnswerReader:
             bad += 1
             cached = None
         generated = got.get("completion_tokens", got.get("output_tokens", got.get("predicted_n")))
+        prompt, cached, generated, dropped = self._bounds.check(
+            _int(prompt), _int(cached), _int(generated)
+        )
+        bad += len(dropped)
+        if dropped and self._said is not None:
+            self._said("usage dropped as implausible: " + "; ".join(dropped))
         speed = got.get("predicted_per_second")
         if speed is None and generated is not None:
-            speed = self._measured(int(generated))
+            speed = self._measured(generated)
         # By position (prompt, cached, generated, prefill_ms, tokens_per_second, bad): a
         # third fewer instructions than by keyword, once a request.
-        return TokenUsage(
-            _int(prompt), _int(cached), _int(generated), got.get("prompt_ms"), speed, bad
-        )
+        return TokenUsage(prompt, cached, generated, got.get("prompt_ms"), speed, bad)
 
     def _measured(self, generated: int) -> float | None:
         """Tokens after the first over the time from the first content event to the last

@@ -1,7 +1,8 @@
 """The SQLite file usage is kept in: its schema, batch writes, pruning and queries.
 
 Blocking code, for one thread of its own (:class:`crossbar.usage.thread.OneThread`),
-never the reactor's. Several processes (``workers: N``) share one file: it is in WAL
+never the reactor's; queries on a second connection and thread (``reading``, see
+:mod:`crossbar.usage.queries`). Several processes (``workers: N``) share one file: it is in WAL
 mode (readers never wait for the writer), a writer that finds the file locked waits up
 to :data:`BUSY_SECONDS`, and a batch *adds* to the rows it meets
 (``ON CONFLICT DO UPDATE SET n = n + excluded.n``), so two workers' minutes of the same
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from crossbar.usage.sums import COUNTS, Place, Sums
@@ -38,6 +39,9 @@ CREATE TABLE IF NOT EXISTS usage_minutes (
     PRIMARY KEY (minute, route, host, model, key)
 ) WITHOUT ROWID
 """  # fmt: skip
+PROGRESS_STEPS = 10_000
+"""SQLite virtual machine steps between two checks of whether a query is to stop (a few
+milliseconds of work)."""
 _INSERT = (
     f"INSERT INTO usage_minutes VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in COUNTS)})"
     " ON CONFLICT (minute, route, host, model, key) DO UPDATE SET "
@@ -45,12 +49,23 @@ _INSERT = (
 )
 
 
-class UsageStore:
-    """One connection to one file (or ``":memory:"``), opened by :meth:`open`."""
+def _never() -> bool:
+    return False
 
-    def __init__(self, path: str) -> None:
+
+class UsageStore:
+    """One connection to one file (or ``":memory:"``), opened by :meth:`open`.
+    ``reading``: a connection for queries alone, beside the writer's (it never writes,
+    creates nothing, and takes no lock a write would wait for: the file is in WAL mode)."""
+
+    def __init__(self, path: str, *, reading: bool = False) -> None:
         self.path = path
+        self.reading = reading
         self._db: sqlite3.Connection | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._db is not None
 
     def open(self) -> None:
         """Open the file, creating it and its table if need be, and check that it can
@@ -75,6 +90,10 @@ class UsageStore:
         db = sqlite3.connect(
             self.path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False
         )
+        if self.reading:
+            db.execute("PRAGMA query_only=ON")
+            self._db = db
+            return
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut may lose the last batch
@@ -109,10 +128,18 @@ class UsageStore:
         with _transaction(db):
             return db.execute("DELETE FROM usage_minutes WHERE minute < ?", (before,)).rowcount
 
-    def query(self, since: float, until: float, by: Sequence[str]) -> list[dict[str, Any]]:
+    def query(
+        self,
+        since: float,
+        until: float,
+        by: Sequence[str],
+        stop: Callable[[], bool] = _never,
+    ) -> list[dict[str, Any]]:
         """The sums of the minutes that began in ``[since, until)``, one dict a group of
         ``by`` (names of :data:`GROUPS`), ordered by it; plain sums, as :data:`COUNTS`
-        names them."""
+        names them. ``stop`` is asked every :data:`PROGRESS_STEPS` steps of SQLite's work
+        (on this thread): once it says yes, the query ends with ``sqlite3.OperationalError``
+        (``interrupted``)."""
         if not set(by) <= set(GROUPS):
             raise ValueError(f"cannot group by {by!r}")
         columns = ", ".join(by)
@@ -122,10 +149,15 @@ class UsageStore:
         if by:
             sql += f" GROUP BY {columns} ORDER BY {columns}"
         found = []
-        for row in self._connection.execute(sql, (since, until)):
-            if row[len(by)] is None:  # no rows at all: SUM of nothing
-                continue
-            found.append(dict(zip((*by, *COUNTS), row, strict=True)))
+        db = self._connection
+        db.set_progress_handler(lambda: 1 if stop() else 0, PROGRESS_STEPS)
+        try:
+            for row in db.execute(sql, (since, until)):
+                if row[len(by)] is None:  # no rows at all: SUM of nothing
+                    continue
+                found.append(dict(zip((*by, *COUNTS), row, strict=True)))
+        finally:
+            db.set_progress_handler(None, 0)
         return found
 
 

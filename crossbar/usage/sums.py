@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from crossbar.stats.record import OTHER_MODEL, RequestRecord
+from crossbar.stats.record import NO_MODEL, OTHER_MODEL, RequestRecord
 
 Place = tuple[int, str, str, str, str]
 """``(minute, route, host, model, key)``: the minute as epoch seconds at its start;
-``-`` for a request that reached no host or asked for no model."""
+``-`` for a request that reached no host, ``(none)`` for one that asked for no model
+(``(other)`` for one no host lists: names no host can list)."""
 
 COUNTS = (
     "requests",
@@ -40,7 +41,7 @@ def _known(model: str) -> bool:
 class MinuteSums:
     """Rows by :data:`Place`, each added to as requests end.
 
-    ``knows`` says whether a host lists a model: one none lists is summed as ``other``,
+    ``knows`` says whether a host lists a model: one none lists is summed as ``(other)``,
     as the metrics and the JSON log name it, so that a client cannot fill the store with
     names of its choosing. Past ``most`` rows, a request of a new row is left out and
     counted in :attr:`dropped`: rows pile up only while they cannot be written.
@@ -64,7 +65,7 @@ class MinuteSums:
             return
         model = record.model
         if model is None:
-            model = "-"
+            model = NO_MODEL
         elif not self._knows(model):
             model = OTHER_MODEL
         place = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from queue import SimpleQueue
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IReactorFromThreads
@@ -19,6 +19,14 @@ from twisted.python.failure import Failure
 
 T = TypeVar("T")
 _Call = tuple[Callable[..., Any], tuple[Any, ...], Deferred[Any]]
+
+
+class Runner(Protocol):
+    """Where blocking calls run: a :class:`OneThread` (in tests, often the test's own)."""
+
+    def run(self, f: Callable[..., T], *args: Any) -> Deferred[T]: ...
+
+    def stop(self) -> None: ...
 
 
 class OneThread:

@@ -109,10 +109,10 @@ def timed(port: int, count: int) -> list[float]:
     return times
 
 
-def get(port: int, path: str) -> tuple[int, bytes]:
+def get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -120,7 +120,7 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 
 def metric(port: int, name: str) -> float:
-    status, body = get(port, "/_crossbar/metrics")
+    status, body = get(port, "/_crossbar/metrics", {"X-Api-Key": KEY})  # no status_keys
     assert status == 200
     for line in body.decode().splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):

@@ -692,3 +692,62 @@ def test_spillover_is_off_unless_a_route_turns_it_on(tmp_path: Path) -> None:
 def test_models_max_is_a_host_setting(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL.replace("poll_interval: 5s", "models_max: 2")))
     assert {s.models_max for s in config.settings.values()} == {2}
+
+
+# -- which models a route or a key may ask for, and how many loads (audit 3, finding 9) ----
+
+
+def test_model_allowlists_idle_before_evict_and_loads_a_minute_are_read(tmp_path: Path) -> None:
+    text = MINIMAL + textwrap.dedent(
+        """\
+            models: [qwen3-*, "*/Llama-3*"]
+            min_idle_before_evict: 2m
+        api_keys:
+          - name: alice
+            key: alice-key-0123456789
+            models: [qwen3-coder-*]
+            max_loads_per_minute: 3
+          - plain-key-0123456789
+        """
+    )
+    config = load_config(write(tmp_path, text))
+    route = config.routes["opencode-a"]
+    assert (route.models, route.min_idle_before_evict) == (("qwen3-*", "*/Llama-3*"), 120.0)
+    alice, plain = route.api_keys
+    assert alice.holder is not None and plain.holder is None
+    assert (alice.holder.models, alice.holder.max_loads_per_minute) == (("qwen3-coder-*",), 3)
+    shown = effective(config)["routes"]["opencode-a"]
+    assert (shown["models"], shown["min_idle_before_evict"]) == (["qwen3-*", "*/Llama-3*"], 120.0)
+
+
+def test_without_them_every_model_and_a_30_s_idle_before_evict(tmp_path: Path) -> None:
+    route = load_config(write(tmp_path, MINIMAL)).routes["opencode-a"]
+    assert (route.models, route.min_idle_before_evict) == ((), 30.0)
+    zero = load_config(write(tmp_path, MINIMAL + "    min_idle_before_evict: 0\n"))
+    assert zero.routes["opencode-a"].min_idle_before_evict == 0.0
+
+
+@pytest.mark.parametrize(
+    ("lines", "problem"),
+    [
+        ("    models: []\n", "routes.opencode-a.models: must be a non-empty list"),
+        ("    models: qwen3-*\n", "routes.opencode-a.models: must be a non-empty list"),
+        ("    models: [qwen3, 7]\n", "routes.opencode-a.models: item 1: must be a model name"),
+        ("    models: ['']\n", "routes.opencode-a.models: item 0: must be a model name"),
+        ('    models: ["a\\tb"]\n', "routes.opencode-a.models: item 0: must be at most 256"),
+        ("    min_idle_before_evict: soon\n", "routes.opencode-a.min_idle_before_evict: not a"),
+        ("    min_idle_before_evict: -5\n", "routes.opencode-a.min_idle_before_evict: must be"),
+        (
+            "api_keys: [{name: a, key: k-0123456789, max_loads_per_minute: 0}]\n",
+            "api_keys[0].max_loads_per_minute: must be a whole number of at least 1",
+        ),
+        (
+            "api_keys: [{name: a, key: k-0123456789, models: [m, {x: 1}]}]\n",
+            "api_keys[0].models: item 1: must be a model name",
+        ),
+    ],
+)
+def test_an_allowlist_or_budget_that_is_wrong_stops_start_up_in_one_line(
+    tmp_path: Path, lines: str, problem: str
+) -> None:
+    assert error_of(tmp_path, MINIMAL + lines).startswith(problem)

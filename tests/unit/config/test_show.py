@@ -138,5 +138,7 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "max_in_flight_per_key": None,
         "wait_timeout": 120.0,
         "spillover": False,
+        "models": None,
+        "min_idle_before_evict": 30.0,
     }
     assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load", "home_wait"}  # c_a only

@@ -22,7 +22,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from crossbar.config import Config, HostConfig, RouteConfig, Secret, parse_config
 from crossbar.config.secrets import expand, offered
 from crossbar.http.admission import RawHeaders, Refusal
-from crossbar.http.keys import UNAUTHORIZED, KeyGuard
+from crossbar.http.keys import PAGES_UNAUTHORIZED, UNAUTHORIZED, KeyGuard
 from crossbar.http.listener import CannotListen
 from crossbar.pages.peers import WorkerInfo
 from crossbar.service import Crossbar
@@ -31,6 +31,7 @@ from tests.support import free_port, guard, header, turns
 
 KEY_A, KEY_B, TEAM, STATUS = (Secret(k) for k in (b"lab-key-a", b"lab-key-b", b"team", b"st"))
 CHAT = b"/lab/v1/chat/completions"
+PAGES_REFUSED = {"error": "unauthorized: the status pages need a key"}
 
 
 def keyed_config(routes: dict[str, RouteConfig] | None = None, **changes: Any) -> Config:
@@ -161,8 +162,8 @@ def test_a_route_that_is_not_there_needs_some_route_s_key() -> None:
 )
 def test_the_status_pages_need_a_status_key(path: bytes) -> None:
     keys = KeyGuard.for_config(keyed_config())
-    assert keys(path, []) == UNAUTHORIZED
-    assert keys(path, auth(b"Bearer lab-key-a")) == UNAUTHORIZED
+    assert keys(path, []) == PAGES_UNAUTHORIZED
+    assert keys(path, auth(b"Bearer lab-key-a")) == PAGES_UNAUTHORIZED
     assert keys(path, auth(b"Bearer st")) is None
     assert keys(path, api_key(b"st")) is None
 
@@ -186,8 +187,8 @@ def test_the_pages_own_listener_wants_a_status_key_for_every_path_but_the_probes
     path: bytes,
 ) -> None:
     keys = KeyGuard.for_config(keyed_config(), "only")
-    assert keys(path, []) == UNAUTHORIZED
-    assert keys(path, auth(b"Bearer lab-key-a")) == UNAUTHORIZED
+    assert keys(path, []) == PAGES_UNAUTHORIZED
+    assert keys(path, auth(b"Bearer lab-key-a")) == PAGES_UNAUTHORIZED
     assert keys(path, auth(b"Bearer st")) is None
 
 
@@ -200,7 +201,7 @@ def test_a_guard_is_needed_only_where_there_are_keys_to_ask_for() -> None:
     assert KeyGuard.for_config(no_routes).needed
     assert not KeyGuard.for_config(nothing).needed
     assert not KeyGuard.for_config(no_routes, "probes").needed
-    assert not KeyGuard.for_config(no_status, "only").needed
+    assert KeyGuard.for_config(no_status, "only").needed  # the routes' keys, there too
     assert KeyGuard.for_config(no_routes, "only").needed
 
 
@@ -358,7 +359,7 @@ async def test_status_keys_guard_every_page_but_the_probes() -> None:
         for path in ("/_crossbar/", "/_crossbar/status", "/_crossbar/metrics", "/_crossbar"):
             for shown in ({}, {"Authorization": "Bearer lab-key-a"}):
                 response, body = await request(rig, "GET", path, shown)
-                assert (response.code, json.loads(body)) == (401, {"error": "unauthorized"})
+                assert (response.code, json.loads(body)) == (401, PAGES_REFUSED)
                 assert header(response, "www-authenticate") == "Bearer"
         for key in ("st-1", "st-2"):
             response, body = await request(
@@ -614,3 +615,50 @@ def test_a_secret_prints_masked_in_the_config_it_came_from() -> None:
     secret = expand("${CROSSBAR_X}", {"CROSSBAR_X": "hidden-value"})
     config = keyed_config(status_keys=(secret,))
     assert "hidden-value" not in repr(config) and "hidden-value" not in str(config)
+
+
+# -- pages without status_keys, routes with keys (audit 3, finding 7) ------------------------
+
+
+@pytest.mark.parametrize(
+    "path", [b"/_crossbar/", b"/_crossbar/status", b"/_crossbar/metrics", b"/_crossbar/usage"]
+)
+def test_without_status_keys_the_pages_take_any_route_s_key_and_refuse_a_stranger(
+    path: bytes,
+) -> None:
+    for pages in ("all", "only"):
+        keys = KeyGuard.for_config(keyed_config(status_keys=()), pages)  # type: ignore[arg-type]
+        assert keys(path, []) == PAGES_UNAUTHORIZED
+        assert keys(path, auth(b"Bearer a-guess")) == PAGES_UNAUTHORIZED
+        assert keys(path, auth(b"Bearer lab-key-b")) is None
+        assert keys(path, api_key(b"team")) is None
+        assert keys(b"/_crossbar/livez", []) is None
+    open_routes = keyed_config(routes={"open": RouteConfig("open", (), None)}, status_keys=())
+    assert KeyGuard.for_config(open_routes)(path, []) is None  # no key anywhere: open
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_route_keys_and_no_status_keys_a_stranger_reads_no_page(
+    tmp_path: Path,
+) -> None:
+    def with_usage(config: Config) -> Config:
+        return attrs.evolve(config, usage_db=str(tmp_path / "usage.db"))
+
+    async with rigs() as make:
+        rig = await make(sims(), lab(lab=(KEY_A,)), adjust=with_usage)
+        for path in ("/_crossbar/", "/_crossbar/status", "/_crossbar/metrics", "/_crossbar/usage"):
+            for shown in ({}, {"Authorization": "Bearer a-guess"}):
+                response, body = await request(rig, "GET", path, shown)
+                assert response.code == 401, path
+                assert json.loads(body) == PAGES_REFUSED
+            response, _ = await request(rig, "GET", path, {"X-Api-Key": "lab-key-a"})
+            assert response.code == 200, path
+        for probe in ("/_crossbar/livez", "/_crossbar/readyz"):
+            response, _ = await request(rig, "GET", probe)
+            assert response.code == 200
+        # Route keys do not reload the config: that stays an admin's.
+        response, _ = await request(rig, "POST", "/_crossbar/reload", {"X-Api-Key": "lab-key-a"})
+        assert response.code == 403
+        assert rig.logs.matching(
+            "status pages: http://", "any route's key is required, since status_keys is empty"
+        )

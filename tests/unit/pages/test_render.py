@@ -439,3 +439,13 @@ def test_a_long_model_list_shows_its_first_ids_a_count_and_what_was_left_out(
     ) in html
     assert "m0020" not in html
     assert len(html) < 20_000
+
+
+def test_a_model_the_host_failed_to_load_is_shown_with_its_back_off(clock: Clock) -> None:
+    cfg = config({"gpu-a": "http://a"})
+    states = table(cfg, clock)
+    states.record_ok("gpu-a", loaded=["m1"], known=["m1", "m2"])
+    states.load_failed("gpu-a", "m2")
+    clock.advance(10)
+    html = page(cfg, states.snapshot(), clock.seconds())
+    assert '<span class="err">m2 failed to load (1x), not tried for 20 s</span>' in html

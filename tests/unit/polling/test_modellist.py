@@ -333,7 +333,17 @@ def test_a_list_within_the_caps_is_kept_whole_with_no_note() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["\x1b[31mred", "cr\rlf", "nul\x00", "del\x7f", "c1\x9b", "m" * (MAX_ID_BYTES + 1), "é" * 129],
+    [
+        "\x1b[31mred",
+        "cr\rlf",
+        "nul\x00",
+        "del\x7f",
+        "c1\x9b",
+        "m" * (MAX_ID_BYTES + 1),
+        "é" * 129,
+        "(other)",  # crossbar's own names: a host's model never shares their sums
+        "(none)",
+    ],
 )
 def test_an_id_with_a_control_character_or_over_256_bytes_is_dropped_and_counted(bad: str) -> None:
     """Raw ESC and CR bytes reached the page, the status JSON and the metrics' labels."""
@@ -341,7 +351,10 @@ def test_an_id_with_a_control_character_or_over_256_bytes_is_dropped_and_counted
     models = read_models(body({"data": [{"id": bad}, {"id": "ok"}, {"id": fits}, {"id": "é"}]}))
     assert models.known == ("ok", fits, "é")
     assert models.dropped == 1
-    assert models.note == ("1 model id dropped (over 256 bytes, or with a control character)")
+    assert models.note == (
+        "1 model id dropped (over 256 bytes, with a control character, or one of crossbar's"
+        " own names: (other), (none))"
+    )
 
 
 def test_merged_listing_lists_at_most_its_cap() -> None:

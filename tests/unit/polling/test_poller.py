@@ -496,7 +496,10 @@ def test_ids_with_control_characters_are_dropped_and_said_so() -> None:
     state = rig.state("gpu-a")
     assert state.healthy and state.known == ("tiny-a",) and state.loaded == ("tiny-a",)
     doc = state.to_json()
-    assert doc["models_note"] == "2 model ids dropped (over 256 bytes, or with a control character)"
+    assert doc["models_note"] == (
+        "2 model ids dropped (over 256 bytes, with a control character, or one of crossbar's"
+        " own names: (other), (none))"
+    )
     assert doc["models_listed"] == 3
     assert not any(c in json.dumps(doc, ensure_ascii=False) for c in "\x1b\r")
 

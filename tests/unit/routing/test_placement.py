@@ -15,10 +15,12 @@ from crossbar.routing.placement import (
     FREE,
     LOADING,
     NO_AUTOLOAD,
+    RECENT,
     UNKNOWN,
     Occupancy,
     cheapest,
     rank,
+    spill_places,
 )
 from crossbar.testing import SimulatedHost
 from crossbar.testing.rig import rigs
@@ -217,3 +219,43 @@ async def test_the_status_says_where_a_model_would_load_and_each_router_s_room()
         _, page = await rig.get("/_crossbar/")
         assert b"would load B: 1 of 1 instances free" in page
         assert b"1 of 1 instances" in page and b"unused since crossbar started" in page
+
+
+# -- a model used lately is never evicted for another's load (audit 3, finding 9) ----------
+
+
+def test_a_model_used_within_min_idle_is_never_the_one_evicted() -> None:
+    """The agent's model on h0 was used 5 s ago (it is thinking); h1's was used 40 s ago."""
+    group = [host("h0", ("a", "b")), host("h1", ("c", "d"))]
+    usage = Occupancy(busy={("h0", "b"): 1, ("h1", "d"): 1},
+                      last_used={("h0", "a"): 95.0, ("h1", "c"): 60.0})  # fmt: skip
+    assert rank(group[0], "e", usage, 100.0, min_idle=30.0).rank == RECENT
+    loads = cheapest(group, "e", usage, 100.0, min_idle=30.0)
+    assert loads is not None and [(x.host, x.evicts) for x in loads] == [("h1", "c")]
+    # Both used lately: neither evicts, and the status says why.
+    lately = Occupancy(usage.busy, {("h0", "a"): 95.0, ("h1", "c"): 90.0})
+    loads = cheapest(group, "e", lately, 100.0, min_idle=30.0)
+    assert loads is not None and {x.rank for x in loads} == {RECENT}
+    assert loads[0].to_json()["why"] == "idle models used lately"
+    # A spill never evicts one.
+    spill = [host("h9", ("e",), slots={"e": 1}), *group]
+    full = Occupancy({**lately.busy, ("h9", "e"): 1}, lately.last_used)
+    assert spill_places(spill, "e", full, 100.0, min_idle=30.0) == []
+    assert hosts_of(spill_places(spill, "e", full, 100.0)) == ["h0", "h1"]  # min_idle 0: as before
+
+
+def test_the_route_s_min_idle_before_evict_is_what_the_policy_uses() -> None:
+    from crossbar.config import RouteConfig
+    from crossbar.routing.policies import Ask, Policies
+
+    # h0 would evict model a, used 5 s ago; h1's room is unknown.
+    group = [host("h0", ("a",), room=1), host("h1", ("c",), room=None)]
+    usage = Occupancy(last_used={("h0", "a"): 95.0})
+    policies = Policies(["lab"], {}, usage)
+    states = {s.name: s for s in group}
+    route = RouteConfig("lab", ("h0", "h1"), None)  # min_idle_before_evict: 30 s
+    choice = policies.of(route).choose(route, Ask("e", now=100.0), states, {})
+    assert choice is not None and choice.host == "h1"
+    eager = RouteConfig("lab", ("h0", "h1"), None, min_idle_before_evict=0.0)
+    choice = policies.of(eager).choose(eager, Ask("e", now=100.0), states, {})
+    assert choice is not None and choice.host == "h0"  # evicts a, as before

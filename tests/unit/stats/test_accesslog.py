@@ -53,7 +53,7 @@ def test_a_model_no_host_lists_is_logged_as_other() -> None:
     log.request_done(RequestRecord("lab", "gpu-a", 200, 0.5, model="x" * 1_000_000))
     log.request_done(RequestRecord("lab", "gpu-a", 200, 0.5, model="m"))
     log.request_done(RequestRecord("lab", "gpu-a", 200, 0.5))
-    assert [event["access_model"] for event in made] == ["other", "m", None]
+    assert [event["access_model"] for event in made] == ["(other)", "m", None]
 
 
 def test_the_access_line_says_what_went_unusually() -> None:

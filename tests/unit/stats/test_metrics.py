@@ -209,12 +209,26 @@ def test_requests_by_model_name_only_models_the_fleet_knows(table: HealthTable) 
     assert value(found, by_model, route="lab", model="m1") == 2
     assert value(found, by_model, route="lab", model="m2") == 1
     assert value(found, by_model, route="lab", model="m3") == 1
-    assert value(found, by_model, route="lab", model="other") == 2
+    assert value(found, by_model, route="lab", model="(other)") == 2
     assert value(found, by_model, route="lab", model="typo-1") is None
     # Once a host lists it, a model has a label of its own.
     table.record_ok("gpu-b", loaded=[], known=["m3", "typo-1"])
     metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, 0.1, 1, "typo-1"))
     assert value(samples(metrics.render()), by_model, route="lab", model="typo-1") == 1
+
+
+def test_a_host_s_model_named_other_is_not_the_bucket_of_unknown_models(
+    table: HealthTable,
+) -> None:
+    table.record_ok("gpu-a", loaded=["other", "-"], known=["other", "-"])
+    metrics = Metrics(table, FakeProxy())
+    for model in ["other", "-", "typo", "typo-2", "-"]:
+        metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, 0.1, 1, model))
+    found = samples(metrics.render())
+    by_model = "crossbar_model_requests_total"
+    assert value(found, by_model, route="lab", model="other") == 1
+    assert value(found, by_model, route="lab", model="-") == 2
+    assert value(found, by_model, route="lab", model="(other)") == 2
 
 
 def test_affinity_outcomes_are_counted_by_route_host_and_outcome(table: HealthTable) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from crossbar.usage.counts import CEILING, Bounds
 from crossbar.usage.reader import MAX_BODY, MAX_EVENT, TAIL, AnswerReader, TokenUsage
 
 TIMINGS = {
@@ -477,3 +478,56 @@ def test_the_relay_trims_the_tail_and_reads_what_feeding_it_all_reads(
     assert most <= 2 * TAIL + size
     assert trimmed.whole() == whole.whole()
     assert trimmed.usage() == whole.usage()
+
+
+# -- a hostile host's numbers, bounded by what is plausible (audit 3, finding 15) ----------
+
+HUGE = 10**9  # a sound integer, believed and charged to the key before
+
+
+def test_a_host_s_billion_tokens_are_dropped_and_said_in_one_line() -> None:
+    lines: list[str] = []
+    usage = OAI_USAGE | {"prompt_tokens": HUGE, "completion_tokens": HUGE}
+    timings = TIMINGS | {"prompt_n": HUGE, "predicted_n": HUGE}
+    body = json.dumps(CHAT_BODY | {"usage": usage, "timings": timings}).encode()
+    reader = AnswerReader("chat", False, lambda: 5.0, said=lines.append)
+    reader.feed(body)
+    got = reader.usage()
+    assert (got.prompt, got.cached, got.generated) == (None, None, None)
+    assert got.bad == 2
+    assert lines == [
+        "usage dropped as implausible: prompt_tokens 1,000,000,000 over 10,000,000 "
+        "(crossbar's ceiling); completion_tokens 1,000,000,000 over 10,000,000 "
+        "(crossbar's ceiling)"
+    ]
+    reader.usage()
+    assert len(lines) == 1  # said once
+
+
+def test_anthropic_counts_past_the_host_s_window_are_dropped() -> None:
+    usage = {"input_tokens": 30_000, "cache_read_input_tokens": 30_000, "output_tokens": 12}
+    body = json.dumps(ANTHROPIC_BODY | {"usage": usage}).encode()
+    reader = AnswerReader("anthropic", False, bounds=Bounds.of(window=32_768, max_tokens=16))
+    reader.feed(body)
+    got = reader.usage()
+    assert (got.prompt, got.cached, got.generated, got.bad) == (None, None, 12, 1)
+
+
+@pytest.mark.parametrize(
+    ("generated", "kept"), [(100, 100), (164, 164), (165, None)], ids=["asked", "margin", "past"]
+)
+def test_generated_tokens_are_believed_up_to_max_tokens_and_a_margin(
+    generated: int, kept: int | None
+) -> None:
+    usage = OAI_USAGE | {"completion_tokens": generated}
+    body = json.dumps(CHAT_BODY | {"usage": usage}).encode()
+    reader = AnswerReader("chat", False, bounds=Bounds.of(window=4096, max_tokens=100))
+    reader.feed(body)
+    got = reader.usage()
+    assert (got.prompt, got.generated) == (1761, kept)
+
+
+def test_bounds_of_a_request_that_says_nothing_are_the_ceiling() -> None:
+    assert Bounds.of() == Bounds() == Bounds(CEILING, CEILING)
+    assert Bounds.of(window=0, max_tokens=-1) == Bounds()
+    assert Bounds.of(max_tokens=32_000).generated == 32_000 + 3_200

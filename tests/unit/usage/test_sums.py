@@ -38,18 +38,33 @@ def test_requests_of_one_minute_and_place_add_up() -> None:
 
 
 def test_names_are_bounded_as_the_metrics_bound_them() -> None:
-    """A model no host lists is ``other``; no key: the route; no host, no model: ``-``."""
+    """A model no host lists is ``(other)``; no key: the route; no host: ``-``; no model:
+    ``(none)``."""
     sums = MinuteSums(lambda model: model == "m")
     sums.add(used(model="x" * 100_000), 0)
     sums.add(used(key=None, host=None, model=None, status=401), 0)
-    assert set(sums.rows) == {(0, "lab", "gpu-a", "other", "alice"), (0, "lab", "-", "-", "lab")}
+    assert set(sums.rows) == {
+        (0, "lab", "gpu-a", "(other)", "alice"),
+        (0, "lab", "-", "(none)", "lab"),
+    }
+
+
+def test_a_host_s_models_named_other_and_dash_keep_sums_of_their_own() -> None:
+    """Audit 3, finding 14: a host listing ``other`` or ``-`` had their usage merged with
+    crossbar's buckets for models no host lists and requests that named none."""
+    listed = {"other", "-"}
+    sums = MinuteSums(lambda model: model in listed)
+    for model in ("other", "-", "typo", None, "other"):
+        sums.add(used(model=model), 0)
+    models = {place[3]: int(row[0]) for place, row in sums.rows.items()}
+    assert models == {"other": 2, "-": 1, "(other)": 1, "(none)": 1}
 
 
 def test_a_request_that_reported_nothing_counts_as_a_request_only() -> None:
     sums = MinuteSums()
     bare = RequestRecord("lab", "gpu-a", 200, 1.0, first_token=-1.0, tokens_per_second=math.inf)
     sums.add(bare, 0)
-    assert named(sums.rows[0, "lab", "gpu-a", "-", "lab"]) == dict.fromkeys(COUNTS, 0) | {
+    assert named(sums.rows[0, "lab", "gpu-a", "(none)", "lab"]) == dict.fromkeys(COUNTS, 0) | {
         "requests": 1
     }
 
