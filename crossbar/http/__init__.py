@@ -22,7 +22,7 @@ from crossbar.http.listener import (
     ReusePortEndpoint,
     not_an_internal_start,
 )
-from crossbar.http.request import answer_json, release_body, stopping, when_over
+from crossbar.http.request import ProxyRequest, answer_json, release_body, stopping, when_over
 from crossbar.http.site import Channel, Site
 from crossbar.http.timers import SPENT, Deadline, borrow, give_back, stop
 
@@ -38,6 +38,7 @@ __all__ = [
     "Listener",
     "Pages",
     "Peers",
+    "ProxyRequest",
     "ReusePortEndpoint",
     "RoutePath",
     "Site",

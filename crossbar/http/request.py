@@ -205,7 +205,9 @@ def release_body(request: server.Request, keep_reserved: bool = False) -> None:
 def stopping(request: server.Request) -> bool:
     """crossbar is stopping: past ``drain_timeout`` it closes the hosts' connections
     itself, which is no fault of theirs."""
-    return bool(getattr(getattr(request.channel, "site", None), "draining", False))
+    if not isinstance(request, ProxyRequest) or request.channel is None:
+        return False
+    return request._door().site.draining
 
 
 def answer_json(

@@ -4,11 +4,13 @@ one is sent when a slot frees (fair between flows, by band)."""
 from crossbar.queueing.queue import Flow, Refused, Waiting
 from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotUse
 from crossbar.queueing.traffic import Traffic
-from crossbar.queueing.waits import Waiter, Waits, flow_of
+from crossbar.queueing.waits import Go, Queued, Waiter, Waits, flow_of
 
 __all__ = [
     "WINDOW_SECONDS",
     "Flow",
+    "Go",
+    "Queued",
     "Refused",
     "SlotUse",
     "Traffic",
