@@ -32,6 +32,7 @@ from crossbar.http import (
     borrow,
     error_payload,
     give_back,
+    lender_of,
     release_body,
     stopping,
     when_over,
@@ -169,7 +170,7 @@ class Exchange:
         body = self._forward_body
         call = proxy.upstreams.call(host, method, demand.url_rest, headers, body, self)
         self._pending = call
-        deadline = self._deadline or borrow(self.request.channel, proxy.clock, self)
+        deadline = self._deadline or borrow(lender_of(self.request), proxy.clock, self)
         self._deadline, deadline.on_due = deadline, self._no_answer
         deadline.set(proxy.settings[host].header_timeout)
         call.start()  # last: it may tell of a failure at once (and the next host be tried)

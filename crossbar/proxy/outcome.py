@@ -59,34 +59,31 @@ class Outcome:
         if flow is None and route is not None and keyed:  # who, for usage: only where keys are
             head = request.requestHeaders.getAllRawHeaders()
             flow = flow_of(route, head, "", door_key(request))
-        # By position, in the fields' order: a call with 23 keywords costs twice as much
-        # (22k instructions a request against 11k); tests/unit/stats/test_record.py checks
-        # the order.
         return RequestRecord(
-            route.name if route is not None else "-",  # route
-            self.host,  # host
+            route=route.name if route is not None else "-",
+            host=self.host,
             # A client that left before the end of its answer did not get it, whatever began.
-            499 if left else request.code,  # status
-            now - self.started,  # seconds
-            self.first_byte,  # first_byte
-            sent,  # sent
-            self.model,  # model
-            None if placed is None else placed.outcome,  # affinity
-            request.method,  # method
-            self.path,  # path
-            tuple(self.tried),  # tried
-            phase is Phase.CUT_OFF,  # cut_off
-            left,  # client_left
-            placed.home if placed is not None and placed.outcome == "moved" else None,  # moved_from
-            False,  # refused
-            self.waited,  # waited
-            self.shed,  # shed
-            flow.name if flow is not None and keyed else None,  # key
-            None if usage is None else usage.prompt,  # prompt_tokens
-            None if usage is None else usage.cached,  # cached_tokens
-            None if usage is None else usage.generated,  # generated_tokens
-            None if first is None else first - self.started,  # first_token
-            None if usage is None else usage.tokens_per_second,  # tokens_per_second
+            status=499 if left else request.code,
+            seconds=now - self.started,
+            first_byte=self.first_byte,
+            sent=sent,
+            model=self.model,
+            affinity=None if placed is None else placed.outcome,
+            method=request.method,
+            path=self.path,
+            tried=tuple(self.tried),
+            cut_off=phase is Phase.CUT_OFF,
+            client_left=left,
+            moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,
+            refused=False,
+            waited=self.waited,
+            shed=self.shed,
+            key=flow.name if flow is not None and keyed else None,
+            prompt_tokens=None if usage is None else usage.prompt,
+            cached_tokens=None if usage is None else usage.cached,
+            generated_tokens=None if usage is None else usage.generated,
+            first_token=None if first is None else first - self.started,
+            tokens_per_second=None if usage is None else usage.tokens_per_second,
         )
 
 

@@ -15,8 +15,6 @@ from collections.abc import Mapping
 class Phase(enum.Enum):
     """Where an exchange stands."""
 
-    __hash__ = object.__hash__  # a member is its own identity: hashed in C, not by name
-
     CHOOSING = "choosing a host"
     """Reading the request and choosing a host (again, after a failure before any answer)."""
     QUEUED = "waiting for a slot"
@@ -35,8 +33,6 @@ class Phase(enum.Enum):
 
 class Event(enum.Enum):
     """What happens to an exchange."""
-
-    __hash__ = object.__hash__
 
     CHOSEN = "a host was chosen and the request sent to it"
     QUEUED = "every slot of its group is busy: it waits in crossbar"

@@ -363,12 +363,8 @@ def flow_of(
 
 
 def _one_of(key: Secret, keys: Iterable[Secret]) -> bool:
-    """Whether ``key`` is one of ``keys`` itself (not merely equal): a loop, as a
-    generator costs a frame on every keyed request."""
-    for mine in keys:  # noqa: SIM110
-        if mine is key:
-            return True
-    return False
+    """Whether ``key`` is one of ``keys`` itself (not merely equal)."""
+    return any(mine is key for mine in keys)
 
 
 _FLOWS: dict[int, tuple[Secret, Flow]] = {}
