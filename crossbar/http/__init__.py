@@ -22,7 +22,14 @@ from crossbar.http.listener import (
     ReusePortEndpoint,
     not_an_internal_start,
 )
-from crossbar.http.request import answer_json, release_body, stopping, when_over
+from crossbar.http.request import (
+    ProxyRequest,
+    answer_json,
+    lender_of,
+    release_body,
+    stopping,
+    when_over,
+)
 from crossbar.http.site import Channel, Site
 from crossbar.http.timers import SPENT, Deadline, borrow, give_back, stop
 
@@ -38,6 +45,7 @@ __all__ = [
     "Listener",
     "Pages",
     "Peers",
+    "ProxyRequest",
     "ReusePortEndpoint",
     "RoutePath",
     "Site",
@@ -49,6 +57,7 @@ __all__ = [
     "error_payload",
     "give_back",
     "host_keys",
+    "lender_of",
     "not_an_internal_start",
     "parse_target",
     "release_body",

@@ -89,9 +89,6 @@ def folded(line: bytes) -> bool:
     return line[:1] in FOLD_STARTS
 
 
-TE_STARTS = (b"T", b"t")
-"""What a ``Transfer-Encoding`` line starts with (a name is never preceded by a space:
-twisted.web refuses such a line)."""
 _TE = b"transfer-encoding:"
 
 

@@ -17,7 +17,7 @@ from crossbar.config import Limits, Secret
 from crossbar.http import admission
 from crossbar.http.admission import Guard, Refusal
 from crossbar.http.headers import json_body
-from crossbar.http.timers import http_date
+from crossbar.http.timers import Lender, http_date
 
 
 class DoorSite(Protocol):
@@ -32,7 +32,7 @@ class DoorSite(Protocol):
     def hold(self, size: int) -> Refusal | None: ...
 
 
-class DoorChannel(Protocol):
+class DoorChannel(Lender, Protocol):
     """What a request asks of its connection (:class:`crossbar.http.site.Channel`)."""
 
     site: DoorSite
@@ -52,8 +52,6 @@ class ProxyRequest(server.Request):
     """
 
     rejected = False
-    on_end: Callable[[Failure | None], object] | None = None
-    """Told once when the request is over (see :func:`when_over`)."""
     key: Secret | None = None
     """The key the door let it in with (its :data:`~crossbar.http.admission.Guard`'s word)."""
     _chunked = False
@@ -66,9 +64,10 @@ class ProxyRequest(server.Request):
 
         twisted.web's own dispatch walks the resource tree, unquotes every path segment
         and formats ``Date`` and ``Server`` headers, all for a leaf that takes every path
-        but ``/_crossbar/`` and an answer whose headers are the host's: about a twentieth
-        of crossbar's CPU per request. Everything else goes the usual way.
+        but ``/_crossbar/`` and an answer whose headers are the host's. Everything else
+        goes the usual way.
         """
+        # Straight to the proxy: 33k fewer instructions a request (4%, instructions.py).
         site = self._door().site
         proxy = site.proxy
         path = self.path
@@ -87,6 +86,7 @@ class ProxyRequest(server.Request):
     def write(self, data: bytes) -> None:
         """Frame a chunk of a streamed answer in one piece; the first write (headers,
         and the choice of framing) and every unusual case stay twisted.web's."""
+        # Framed here: 4,500 fewer instructions a chunk than twisted.web (26%, instructions.py).
         if self.chunked and self.startedWriting and not self.finished and data:
             channel = self.channel  # None once the client has gone: the chunk is dropped
             if channel is not None:
@@ -166,29 +166,18 @@ class ProxyRequest(server.Request):
         if self._held:
             self._release()
         super().finish()
-        self._over(None)  # where notifyFinish's Deferred fires: after the next pipelined
-        # request, if any, has begun
 
     def connectionLost(self, reason: Failure) -> None:
         self._release()
         super().connectionLost(reason)
-        self._over(reason)
-
-    def _over(self, reason: Failure | None) -> None:
-        on_end, self.on_end = self.on_end, None
-        if on_end is not None:
-            on_end(reason)
 
 
 def when_over(request: server.Request, call: Callable[[Failure | None], object]) -> None:
     """``call(None)`` once ``request`` is finished, ``call(why)`` if its client leaves
-    first: ``notifyFinish().addBoth(call)``, without a Deferred for a
-    :class:`ProxyRequest` under way (some 12,000 instructions a request), and at once for
-    a request finished already (whose ``notifyFinish`` would never fire)."""
+    first: ``notifyFinish().addBoth(call)``, and at once for a request finished already
+    (whose ``notifyFinish`` would never fire)."""
     if request.finished:
         call(None)
-    elif isinstance(request, ProxyRequest) and request.channel is not None and not request.on_end:
-        request.on_end = call
     else:
         request.notifyFinish().addBoth(call)
 
@@ -202,10 +191,20 @@ def release_body(request: server.Request, keep_reserved: bool = False) -> None:
             request._release()
 
 
+def lender_of(request: server.Request) -> Lender | None:
+    """The connection that lends ``request``'s exchange its answer deadline: a
+    :class:`ProxyRequest`'s while its client is there; else none."""
+    if isinstance(request, ProxyRequest) and request.channel is not None:
+        return request._door()
+    return None
+
+
 def stopping(request: server.Request) -> bool:
     """crossbar is stopping: past ``drain_timeout`` it closes the hosts' connections
     itself, which is no fault of theirs."""
-    return bool(getattr(getattr(request.channel, "site", None), "draining", False))
+    if not isinstance(request, ProxyRequest) or request.channel is None:
+        return False
+    return request._door().site.draining
 
 
 def answer_json(

@@ -28,7 +28,7 @@ from crossbar._twisted import (
 )
 from crossbar.config import Limits
 from crossbar.http import admission
-from crossbar.http.admission import FOLD_STARTS, TE_STARTS, Guard, Refusal
+from crossbar.http.admission import Guard, Refusal
 from crossbar.http.connections import Connections
 from crossbar.http.listener import INTERNAL_LISTENER
 from crossbar.http.request import ProxyRequest
@@ -143,7 +143,7 @@ class Channel(ParserRefusals):
             self._body_timer = self.callLater(self.site.limits.body_timeout, self._body_too_slow)
 
     def headerReceived(self, line: bytes) -> bool:
-        if line[:1] in TE_STARTS and admission.not_chunked(line):
+        if admission.not_chunked(line):
             self.refuse(admission.NOT_CHUNKED)
             return False
         return bool(super().headerReceived(line))
@@ -162,9 +162,8 @@ class Channel(ParserRefusals):
             self.site.connections.rest(self)
 
     def lineReceived(self, line: bytes) -> None:
-        # A folded line (admission.folded, inlined: this runs for every line of every head)
-        # would be joined to the header before by twisted.web: refused before that.
-        if line[:1] in FOLD_STARTS:
+        # A folded line would be joined to the header before by twisted.web: refused first.
+        if admission.folded(line):
             self.refuse(admission.FOLDED)
             return
         _line_received(self, line)

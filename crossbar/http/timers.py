@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web import http
@@ -34,10 +35,10 @@ class Deadline:
     """A deadline that moves often and rarely passes, on one timer that is not moved.
 
     A connection's idle timeout and its head's deadline are set again for every request
-    and cleared once it has come: a timer made and cancelled each time (a ``DelayedCall``
-    and a place in the reactor's heap) cost a request some 15,000 instructions apiece.
-    Here setting a later time, or clearing it, is a store; the timer, when it fires, waits
-    again for what is left, or lapses if nothing is due. ``on_due`` is called once the
+    and cleared once it has come: rather than a timer made and cancelled each time (a
+    ``DelayedCall`` and a place in the reactor's heap), setting a later time, or clearing
+    it, is a store; the timer, when it fires, waits again for what is left, or lapses if
+    nothing is due. ``on_due`` is called once the
     time set has passed with the deadline still set. :meth:`stop` cancels the timer too
     (a connection that closes is not kept for it).
 
@@ -107,13 +108,18 @@ class Deadline:
         self.on_due()
 
 
-def borrow(lender: object, clock: IReactorTime, holder: object) -> Deadline:
+class Lender(Protocol):
+    """Who lends a deadline (:class:`crossbar.http.site.Channel`: a client's connection)."""
+
+    def answer_deadline(self, clock: IReactorTime) -> Deadline: ...
+
+
+def borrow(lender: Lender | None, clock: IReactorTime, holder: object) -> Deadline:
     """``lender``'s deadline (:meth:`Channel.answer_deadline
     <crossbar.http.site.Channel.answer_deadline>`: a connection's, on one timer for all
-    its requests' answers, never made or cancelled for one: some 18,000 instructions a
-    request), lent to ``holder``; where ``lender`` lends none, one of ``holder``'s own."""
-    lend = getattr(lender, "answer_deadline", None)
-    deadline: Deadline = Deadline(clock, nothing) if lend is None else lend(clock)
+    its requests' answers), lent to ``holder``; without a lender, one of ``holder``'s own."""
+    # Lent, not one per request: 30k fewer instructions a request (3.7%, instructions.py).
+    deadline = Deadline(clock, nothing) if lender is None else lender.answer_deadline(clock)
     deadline.holder = holder
     return deadline
 

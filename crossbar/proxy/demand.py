@@ -5,6 +5,7 @@ goes to the host (the body, the headers, the client's credentials where they may
 from __future__ import annotations
 
 import attrs
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.web import server
 
 from crossbar.config import Config, RouteConfig
@@ -85,7 +86,9 @@ def read_request(
     if body or method not in BODYLESS:
         found.body = body
     found.url_rest = target.rest + (b"?" + target.query if target.query else b"")
-    found.client = client = getattr(request.getClientAddress(), "host", None) or "unknown"
+    address = request.getClientAddress()
+    client = address.host if isinstance(address, IPv4Address | IPv6Address) else ""
+    found.client = client = client or "unknown"
     proxies = config.trusted_proxies
     found.headers, credentials = upstream_headers(
         request.requestHeaders.getAllRawHeaders(),

@@ -6,9 +6,11 @@ layers cost a third of the CPU), streams the body as it comes, lets the client's
 pause the host's (backpressure), and closes the host's connection as soon as the client
 leaves, so the GPU stops generating; when every slot is busy it waits for one, in crossbar.
 
-It moves through named phases (:mod:`crossbar.proxy.phases`), only through
-:meth:`Exchange._enter`. Every event that comes late (an answer after the client left, the
-body's end after a timeout cut it) finds the exchange ended and does nothing.
+It moves through named phases only by events looked up in one table
+(:mod:`crossbar.proxy.phases`), in :meth:`Exchange._on`. Every event that comes late (an
+answer after the client left, the body's end after a timeout cut it) finds the exchange
+ended and does nothing. What its record will say is filled in as it goes, in one
+:class:`~crossbar.proxy.outcome.Outcome`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from twisted.web import server
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 
-from crossbar.config import RouteConfig
 from crossbar.http import (
     BadTarget,
     Deadline,
@@ -31,6 +32,7 @@ from crossbar.http import (
     borrow,
     error_payload,
     give_back,
+    lender_of,
     release_body,
     stopping,
     when_over,
@@ -38,12 +40,11 @@ from crossbar.http import (
 from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
-from crossbar.proxy.outcome import door_key, record_of
-from crossbar.proxy.phases import ENDED, MOVES, Phase
+from crossbar.proxy.outcome import Outcome, door_key
+from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
 from crossbar.proxy.relay import StreamBody
-from crossbar.queueing import Flow, Refused, Waiter, Waiting, Waits, flow_of
-from crossbar.routing import Ask, Conversation, Placement
-from crossbar.stats import RequestRecord
+from crossbar.queueing import Flow, Queued, Refused, Waiter, Waiting, flow_of
+from crossbar.routing import Ask
 from crossbar.upstream import Call, Discard, Response, describe
 from crossbar.usage import APIS, AnswerReader
 
@@ -53,23 +54,19 @@ _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 
 
 class Exchange:
-    """One client request, and its upstream request (tried on more hosts if need be)."""
+    """One client request, and its upstream request (tried on more hosts if need be).
+
+    Always there: ``proxy``, ``request``, ``phase`` and ``outcome`` (what its record will
+    say, filled in as it goes); ``demand`` (what it asks) once the request is read. Each
+    phase's own: ``QUEUED`` its place in the queue (``_waiting``); ``WAITING`` the upstream
+    call (``_pending``); ``WAITING`` and ``STREAMING`` the deadline of the host's answer
+    (``_deadline``); ``STREAMING`` the body being relayed (``_body``). From its first host
+    to its end, ``_counted`` is the host its slot is counted on.
+    """
 
     phase = Phase.CHOOSING  # defaults are the class's: an exchange is made per request
-    path = b"-"
-    route: RouteConfig | None = None
-    host: str | None = None
-    model: str | None = None  # as in :class:`~crossbar.proxy.demand.Asked`
-    asked: str | None = None
-    conversation: Conversation | None = None
-    placement: Placement | None = None  # where the policy placed it, at the last host
-    first_byte: float | None = None
-    flow: Flow | None = None  # who it is, where slots are counted
-    waited: float | None = None  # seconds it waited in crossbar for a slot
-    shed_as: str | None = None  # why the queue answered it, if it did
-    reader: AnswerReader | None = None  # what the answer says of its work
-    _asked = Asked()  # until the request is read (never changed: each read makes its own)
-    _forward_body: bytes | None = None
+    demand = Asked()  # until the request is read (never changed: each read makes its own)
+    _forward_body: bytes | None = None  # until a host has it
     _attempt_started = _sent = 0.0
     _counted: str | None = None
     _pending: Call | None = None
@@ -80,17 +77,16 @@ class Exchange:
     def __init__(self, proxy: ProxyContext, request: server.Request) -> None:
         self.proxy = proxy
         self.request = request
-        self.started = proxy.clock.seconds()
-        self.tried: list[str] = []
+        self.outcome = Outcome(proxy.clock.seconds())
 
-    def _enter(self, phase: Phase) -> None:
-        """The one place the exchange moves on; a move not in :data:`MOVES` is a bug."""
-        assert phase in MOVES.get(self.phase, ()), f"{self.phase} -> {phase}"
-        self.phase = phase
-
-    @property
-    def ended(self) -> bool:
-        return self.phase in ENDED
+    def _on(self, event: Event) -> bool:
+        """The one place the exchange moves: to the phase :data:`~crossbar.proxy.phases.MOVES`
+        gives for ``event``. ``False``: it had ended, and a late event changes nothing."""
+        after = next_phase(self.phase, event)
+        if after is None:
+            return False
+        self.phase = after
+        return True
 
     def start(self) -> None:
         when_over(self.request, self._ended)
@@ -107,98 +103,104 @@ class Exchange:
 
     def _prepare(self) -> bool:
         """Rules needing no upstream (route, path, body, model); False: answered here."""
-        request, proxy = self.request, self.proxy
+        request, proxy, outcome = self.request, self.proxy, self.outcome
         assert request.uri is not None and request.method is not None
-        self.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
+        outcome.path = request.uri.partition(b"?")[0]  # as asked, until a route is known
         route, target, shape = route_of(proxy.config, request.uri)
-        self.route, self.path = route, target.rest
+        outcome.route, outcome.path = route, target.rest
         if shape is None:
             raise BadTarget(404, "not found")
         if route.list_models == "merged" and target.rest == b"/v1/models":
-            listing = merged_listing(route, proxy.table.view, int(self.started))
+            listing = merged_listing(route, proxy.table.view, int(outcome.started))
             if listing is None:
                 raise BadTarget(503, "no healthy host")
-            self._enter(Phase.ANSWERED)
+            self._on(Event.ANSWERED_HERE)
             answer_json(request, 200, listing)
             return False
         places = proxy.traffic.policies.of(route).reads_conversations
-        asked = read_request(request, proxy.config, route, target, shape, places)
-        self.model, self.asked, self.conversation = asked.model, asked.asked, asked.conversation
-        self._asked, self._forward_body = asked, asked.body
+        demand = read_request(request, proxy.config, route, target, shape, places)
+        self.demand, self._forward_body, outcome.model = demand, demand.body, demand.asked
         return True
 
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
-        route, proxy = self.route, self.proxy
+        proxy, outcome, demand = self.proxy, self.outcome, self.demand
+        route, exclude, waits = outcome.route, outcome.tried, proxy.waits
         assert route is not None
-        exclude, waits = self.tried, proxy.waits
-        policy = proxy.traffic.policies.of(route)
         if waits is not None and route.queue and waits.active():
-            first = not self.tried and self.waited is None
-            if first and waits.must_wait(route, self.model, (), self.conversation):
-                self._queue(waits, route)
+            flow, counted = outcome.flow, outcome.flow is not None
+            if flow is None:  # who it is, for fairness (a popped one is known already)
+                head = self.request.requestHeaders.getAllRawHeaders()
+                flow = flow_of(route, head, demand.client, door_key(self.request))
+            admitted = waits.admit(
+                self, route, demand.model, flow, demand.conversation,
+                tried=exclude, waited=outcome.waited is not None, counted=counted,
+            )  # fmt: skip
+            if isinstance(admitted, Queued):
+                self._waiting = admitted.waiting
+                self._on(Event.QUEUED)
                 return
-            if self.waited is not None or not policy.reads_conversations:
-                exclude = exclude + waits.full_hosts(route, self.model, exclude)
-            if self.flow is None:  # counted in its flow's share (a popped one is already)
-                self.flow = self._flow_of(route)
-                waits.started(self.flow)
-        ask = Ask(self.model, self.conversation, exclude, proxy.clock.seconds())
+            if isinstance(admitted, Refused):
+                self.shed(admitted)
+                return
+            outcome.flow, exclude = flow, exclude + list(admitted.full)  # flow: counted now
+        ask = Ask(demand.model, demand.conversation, exclude, proxy.clock.seconds())
+        policy = proxy.traffic.policies.of(route)
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
         if choice is None:
             if last_error is None:
                 raise BadTarget(503, "no healthy host")
-            assert self.host is not None
+            assert outcome.host is not None
             status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
-            self.fail(status, error, host=self.host)
+            self.fail(status, error, host=outcome.host)
             return
         host = choice.host
-        self.placement = choice.placement
+        outcome.placement = choice.placement
         if last_error is not None:
             said = "route {route}: {failed} failed before answering ({why}); trying {host}"
-            log.warn(said, route=route.name, failed=self.host, why=last_error, host=host)
-        self._enter(Phase.WAITING)
-        self.host = host
-        self.tried.append(host)
+            log.warn(said, route=route.name, failed=outcome.host, why=last_error, host=host)
+        self._on(Event.CHOSEN)
+        outcome.host = host
+        outcome.tried.append(host)
         self._count(host)
         method = self.request.method
         assert method is not None
         self._attempt_started = proxy.clock.seconds()
         self._sent = self._sent or self._attempt_started
-        asked = self._asked
-        headers = asked.headers + proxy.host_keys.get(host, asked.credentials)
-        call = proxy.upstreams.call(host, method, asked.url_rest, headers, self._forward_body, self)
+        headers = demand.headers + proxy.host_keys.get(host, demand.credentials)
+        body = self._forward_body
+        call = proxy.upstreams.call(host, method, demand.url_rest, headers, body, self)
         self._pending = call
-        deadline = self._deadline or borrow(self.request.channel, proxy.clock, self)
+        deadline = self._deadline or borrow(lender_of(self.request), proxy.clock, self)
         self._deadline, deadline.on_due = deadline, self._no_answer
         deadline.set(proxy.settings[host].header_timeout)
         call.start()  # last: it may tell of a failure at once (and the next host be tried)
 
-    def _count(self, host: str | None) -> None:
-        """Keep the requests in flight right as the request moves from host to host."""
-        self.proxy.traffic.move(self._counted, host, self.model, self.proxy.clock.seconds())
-        self._counted = host
+    def _count(self, host: str) -> None:
+        """Its slot is counted on ``host`` now; after a failover, no longer on the host
+        that failed, whose slot goes to the next request waiting for it."""
+        old, self._counted = self._counted, host
+        self.proxy.traffic.move(None, host, self.demand.model)
+        if old is not None:
+            self._leave(old, None)
+
+    def _leave(self, host: str | None, flow: Flow | None) -> None:
+        """Its slot on ``host`` frees (``flow``: at its end, credited with its service)."""
+        proxy = self.proxy
+        if proxy.waits is not None:
+            took = 0.0 if flow is None else proxy.clock.seconds() - self._sent
+            proxy.waits.release(flow, host, self.demand.model, took)
+        elif host is not None:
+            proxy.traffic.move(host, None, self.demand.model, proxy.clock.seconds())
 
     # -- waiting for a slot ----------------------------------------------------------------
-
-    def _flow_of(self, route: RouteConfig) -> Flow:
-        head, client = self.request.requestHeaders.getAllRawHeaders(), self._asked.client
-        return flow_of(route, head, client, door_key(self.request))
-
-    def _queue(self, waits: Waits, route: RouteConfig) -> None:
-        """Every slot of the group is busy: wait in crossbar (or be refused, past a limit)."""
-        placed = waits.wait(self, route, self.model, self._flow_of(route), self.conversation)
-        if isinstance(placed, Refused):
-            self.shed(placed)
-            return
-        self._waiting = placed
-        self._enter(Phase.QUEUED)
 
     def dispatched(self, waited: float) -> None:
         """A slot of its group is free: on to choosing, among the hosts with room."""
         assert self._waiting is not None
-        self.flow, self._waiting = self._waiting.flow, None  # started, as it was taken
-        self.waited = waited
-        self._enter(Phase.CHOOSING)
+        self.outcome.flow, self._waiting = self._waiting.flow, None  # started, as it was taken
+        self.outcome.waited = waited
+        if not self._on(Event.DISPATCHED):
+            return
         try:
             self._try_next()
         except BadTarget as e:
@@ -206,11 +208,10 @@ class Exchange:
 
     def shed(self, refused: Refused) -> None:
         """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""
-        self._waiting, self.shed_as = None, refused.reason
-        retry = {b"retry-after": b"%d" % refused.retry_after}
-        if not self.ended:
-            self._enter(Phase.ANSWERED)
-            payload = error_payload(self.path, refused.status, refused.error)
+        self._waiting, self.outcome.shed = None, refused.reason
+        if self._on(Event.REFUSED):
+            retry = {b"retry-after": b"%d" % refused.retry_after}
+            payload = error_payload(self.outcome.path, refused.status, refused.error)
             answer_json(self.request, refused.status, payload, None, retry)
 
     # -- waiting for the head --------------------------------------------------------------
@@ -219,37 +220,36 @@ class Exchange:
         """The host's head is in (told by the upstream call, as are the two below)."""
         self._pending = None
         self._stop_deadline()
-        proxy = self.proxy
-        host = self.host
+        proxy, outcome = self.proxy, self.outcome
+        host = outcome.host
         assert host is not None
         now = proxy.clock.seconds()
-        self.first_byte = now - self.started
+        outcome.first_byte = now - outcome.started
         proxy.table.judge_answer(host, response.code, now - self._attempt_started)
         request = self.request
         self._forward_body = None  # the host has it, and no other host will be tried
         release_body(request)
-        if self.ended:
+        if not self._on(Event.HEAD_RECEIVED):
             response.deliverBody(Discard())
             return
-        self._enter(Phase.STREAMING)
         request.setResponseCode(response.code, response.phrase)
         answer_headers(request.responseHeaders, response.headers, response.length, host)
-        settings = proxy.settings[host]
+        streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                       for n, v in response.headers)  # fmt: skip
+        api = self.demand.api
+        if api in APIS:  # what the answer says of its work, where it says it
+            outcome.reader = AnswerReader(api, streamed, proxy.clock.seconds)
         body = StreamBody(
             request,
             proxy.clock,
-            settings.idle_timeout,
+            proxy.settings[host].idle_timeout,
             self.upstream_idle,
             self.upstream_ended,
             self.client_stalled,
             self._deadline,
+            outcome.reader,
         )
         self._body = body
-        streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                       for n, v in response.headers)  # fmt: skip
-        if self._asked.api in APIS:  # what the answer says of its work, where it says it
-            self.reader = reader = AnswerReader(self._asked.api, streamed, proxy.clock.seconds)
-            body.tap = reader
         response.deliverBody(body)
         # deliverBody may have finished the exchange (a body that came whole): then no
         # producer (registering it would raise) and no idle timer.
@@ -264,7 +264,7 @@ class Exchange:
     def _no_answer(self) -> None:
         """No status line within ``header_timeout``: never tried elsewhere (the host
         may still be working on it)."""
-        host = self.host
+        host = self.outcome.host
         assert host is not None
         timeout = self.proxy.settings[host].header_timeout
         self.proxy.table.request_failed(host, f"no answer within {timeout:g}s")
@@ -272,14 +272,15 @@ class Exchange:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.cancel()  # closes the connection
-        self.fail(504, "upstream timeout", host=host)
+        if self._on(Event.TIMED_OUT):
+            self._error(504, "upstream timeout", {"host": host})
 
     def not_answered(self, reason: Failure) -> None:
         self._pending = None
         self._stop_deadline()
         if self.phase is not Phase.WAITING:
             return
-        host = self.host
+        host = self.outcome.host
         assert host is not None
         timed_out = bool(reason.check(error.TimeoutError))
         if timed_out:
@@ -288,7 +289,7 @@ class Exchange:
             why = describe(reason)
         self.proxy.table.request_failed(host, why)
         if reason.check(*_RETRYABLE):
-            self._enter(Phase.CHOOSING)
+            self._on(Event.HOST_FAILED)
             self._try_next(why, timed_out=timed_out)
             return
         log.warn("host {host} failed before answering: {why}", host=host, why=why)
@@ -298,7 +299,7 @@ class Exchange:
 
     def upstream_idle(self) -> None:
         """No body chunk came for ``idle_timeout``: give up on this host."""
-        host = self.host
+        host = self.outcome.host
         assert host is not None and self._body is not None
         timeout = self.proxy.settings[host].idle_timeout
         self.proxy.table.request_failed(host, f"answer idle for {timeout:g}s")
@@ -306,7 +307,8 @@ class Exchange:
         if self.request.startedWriting:
             self._cut_off()
             return
-        self._enter(Phase.ANSWERED)  # before the body's end, which then changes nothing
+        if not self._on(Event.TIMED_OUT):  # before the body's end, which then changes nothing
+            return
         self._body.stopProducing()
         self.request.unregisterProducer()
         self._error(504, "upstream timeout", {"host": host})
@@ -314,11 +316,12 @@ class Exchange:
     def client_stalled(self) -> None:
         """The client read nothing of its answer for ``idle_timeout``: it holds a host's
         connection (and maybe a GPU slot) for nothing. Both sides end, as if it left."""
-        host = self.host
+        host = self.outcome.host
         assert host is not None
         said = "a client read nothing for {t:g}s of its answer from {host}: both ended"
         log.warn(said, t=self.proxy.settings[host].idle_timeout, host=host)
-        self._enter(Phase.CLIENT_LEFT)
+        if not self._on(Event.CLIENT_LEFT):
+            return
         if self._body is not None:
             self._body.stopProducing()
         self._abort_client()
@@ -330,30 +333,32 @@ class Exchange:
         request = self.request
         request.unregisterProducer()
         if reason.check(ResponseDone, PotentialDataLoss):
-            self._enter(Phase.ANSWERED)
+            self._on(Event.BODY_ENDED)
             request.finish()
             return
-        assert self.host is not None
+        host = self.outcome.host
+        assert host is not None
         if stopping(request):  # crossbar itself cut it, past drain_timeout
             self._cut_off()
             return
         why = describe(reason)
-        self.proxy.table.request_failed(self.host, f"answer broken: {why}")
-        log.warn("host {host} broke an answer off: {why}", host=self.host, why=why)
+        self.proxy.table.request_failed(host, f"answer broken: {why}")
+        log.warn("host {host} broke an answer off: {why}", host=host, why=why)
         # An SSE client must see an error, not a stream that merely looks complete.
         self._cut_off()
 
     def _cut_off(self) -> None:
         """End an answer that has begun: the client's connection is aborted, so that it
         cannot take what it got for a whole answer."""
-        self._enter(Phase.CUT_OFF)
+        if not self._on(Event.BODY_BROKEN):
+            return
         if self._body is not None:
             self._body.stopProducing()
         self._abort_client()
 
     def crashed(self, reason: Failure) -> None:
         log.failure("crossbar: unexpected error while proxying", reason)
-        if not self.ended:
+        if self.phase not in ENDED:
             if self.request.startedWriting:
                 self._cut_off()
             else:
@@ -367,19 +372,16 @@ class Exchange:
 
     def fail(self, status: int, message: str, **extra: str) -> None:
         """Answer with a JSON error, unless the exchange has ended already."""
-        if self.ended:
-            return
-        self._enter(Phase.ANSWERED)
-        self._error(status, message, extra)
+        if self._on(Event.ANSWERED_HERE):
+            self._error(status, message, extra)
 
     def _error(self, status: int, message: str, extra: dict[str, str]) -> None:
-        payload = error_payload(self.path, status, message, extra)
-        answer_json(self.request, status, payload, self.host)
+        payload = error_payload(self.outcome.path, status, message, extra)
+        answer_json(self.request, status, payload, self.outcome.host)
 
     def _ended(self, result: object) -> None:
         """The client's side is over: the answer was sent, or the client left."""
-        if not self.ended:  # the client left first
-            self._enter(Phase.CLIENT_LEFT)
+        if self._on(Event.CLIENT_LEFT):  # the client left first
             if self._waiting is not None and self.proxy.waits is not None:
                 self.proxy.waits.leave(self._waiting)  # no host ever sees it
             elif self._pending is not None:
@@ -388,16 +390,8 @@ class Exchange:
                 self._body.stopProducing()
         give_back(self._deadline, self)  # unless the connection's next request has it
         self._deadline = None
-        if self.flow is not None and self.proxy.waits is not None:  # first: the slot frees next
-            took = self.proxy.clock.seconds() - self._sent
-            self.proxy.waits.finished(self.flow, took, self._counted)
-        self._count(None)
-        self.proxy.observer.request_done(self.record())
-
-    @property
-    def sent(self) -> int:
-        return self._body.sent if self._body is not None else 0
-
-    def record(self) -> RequestRecord:
-        """The exchange as it ended, for its observers."""
-        return record_of(self, self.proxy.clock.seconds())
+        host, self._counted = self._counted, None
+        self._leave(host, self.outcome.flow)  # first: the slot frees to whoever waits next
+        sent = self._body.sent if self._body is not None else 0
+        now = self.proxy.clock.seconds()
+        self.proxy.observer.request_done(self.outcome.record(self.request, self.phase, sent, now))

@@ -1,25 +1,19 @@
-"""The phases of one proxied request (:class:`crossbar.proxy.exchange.Exchange`), and the
-moves between them::
-
-    CHOOSING -> WAITING -> STREAMING -> ANSWERED | CUT_OFF
-     |  ^  ^       |
-     |  |  +-------+  (failover: the host failed before any answer)
-     v  |
-    QUEUED            (every slot of its group busy: it waits in crossbar, then is sent)
-
-and from any phase not yet ended to ``ANSWERED`` (an answer made here: an error, a merged
-model list) or ``CLIENT_LEFT``. Pure values, no I/O.
+"""The phases of one proxied request (:class:`crossbar.proxy.exchange.Exchange`), the
+events that move it, and the table of moves: ``MOVES[phase][event]`` is the phase the
+event leads to, as h11's ``_state.py`` keys its own. An event the table does not list for
+a live phase is a bug (:class:`ImpossibleEvent`); an ended exchange takes no more events
+(a late one changes nothing). ``python -m crossbar.proxy.phases`` prints the table as a
+Mermaid diagram (``docs/architecture.md`` shows it). Pure values, no I/O.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 
 class Phase(enum.Enum):
     """Where an exchange stands."""
-
-    __hash__ = object.__hash__  # a member is its own identity: hashed in C, not by name
 
     CHOOSING = "choosing a host"
     """Reading the request and choosing a host (again, after a failure before any answer)."""
@@ -37,11 +31,89 @@ class Phase(enum.Enum):
     """Ended: the client went away (or read nothing for ``idle_timeout``) first."""
 
 
+class Event(enum.Enum):
+    """What happens to an exchange."""
+
+    CHOSEN = "a host was chosen and the request sent to it"
+    QUEUED = "every slot of its group is busy: it waits in crossbar"
+    DISPATCHED = "a slot of its group freed: on to choosing among the hosts with room"
+    REFUSED = "the queue answered it: a limit, a wait past wait_timeout, crossbar stopping"
+    HOST_FAILED = "the host failed before any answer: another host is tried"
+    HEAD_RECEIVED = "the host's status line and headers came"
+    BODY_ENDED = "the host's body ended whole"
+    BODY_BROKEN = "the answer had begun and broke off (or went quiet, or crossbar stopped)"
+    TIMED_OUT = "no head within header_timeout, or no chunk before any was sent: a 504"
+    ANSWERED_HERE = "crossbar answered itself: an error, or the merged model list"
+    CLIENT_LEFT = "the client went away, or read nothing for idle_timeout"
+
+
 ENDED = frozenset({Phase.ANSWERED, Phase.CUT_OFF, Phase.CLIENT_LEFT})
-MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.CHOOSING: frozenset({Phase.WAITING, Phase.QUEUED, Phase.ANSWERED, Phase.CLIENT_LEFT}),
-    Phase.QUEUED: frozenset({Phase.CHOOSING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
-    Phase.WAITING: frozenset({Phase.CHOOSING, Phase.STREAMING, Phase.ANSWERED, Phase.CLIENT_LEFT}),
-    Phase.STREAMING: ENDED,
+
+MOVES: Mapping[Phase, Mapping[Event, Phase]] = {
+    Phase.CHOOSING: {
+        Event.CHOSEN: Phase.WAITING,
+        Event.QUEUED: Phase.QUEUED,
+        Event.REFUSED: Phase.ANSWERED,
+        Event.ANSWERED_HERE: Phase.ANSWERED,
+        Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
+    },
+    Phase.QUEUED: {
+        Event.DISPATCHED: Phase.CHOOSING,
+        Event.REFUSED: Phase.ANSWERED,
+        Event.ANSWERED_HERE: Phase.ANSWERED,
+        Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
+    },
+    Phase.WAITING: {
+        Event.HOST_FAILED: Phase.CHOOSING,
+        Event.HEAD_RECEIVED: Phase.STREAMING,
+        Event.TIMED_OUT: Phase.ANSWERED,
+        Event.ANSWERED_HERE: Phase.ANSWERED,
+        Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
+    },
+    Phase.STREAMING: {
+        Event.BODY_ENDED: Phase.ANSWERED,
+        Event.BODY_BROKEN: Phase.CUT_OFF,
+        Event.TIMED_OUT: Phase.ANSWERED,
+        Event.ANSWERED_HERE: Phase.ANSWERED,
+        Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
+    },
+    Phase.ANSWERED: {},
+    Phase.CUT_OFF: {},
+    Phase.CLIENT_LEFT: {},
 }
-"""The moves an exchange may make; an ended one makes none."""
+"""Each phase's events, and the phase each leads to; an ended phase has none."""
+
+
+class ImpossibleEvent(Exception):
+    """An event the table does not list for the phase an exchange is in: a bug."""
+
+    def __init__(self, phase: Phase, event: Event) -> None:
+        super().__init__(f"event {event.name} cannot happen in phase {phase.name}")
+        self.phase, self.event = phase, event
+
+
+def next_phase(phase: Phase, event: Event) -> Phase | None:
+    """The phase ``event`` leads to from ``phase``; ``None`` for an ended exchange (a late
+    event changes nothing). Raises :class:`ImpossibleEvent` for a move not in the table."""
+    if phase in ENDED:
+        return None
+    after = MOVES[phase].get(event)
+    if after is None:
+        raise ImpossibleEvent(phase, event)
+    return after
+
+
+def diagram() -> str:
+    """:data:`MOVES` as a Mermaid ``stateDiagram-v2``, phases and events in their order here."""
+    lines = ["stateDiagram-v2", f"    [*] --> {Phase.CHOOSING.name}"]
+    for phase in Phase:
+        moves = MOVES[phase]
+        for event in (e for e in Event if e in moves):
+            label = event.name.lower().replace("_", " ")
+            lines.append(f"    {phase.name} --> {moves[event].name}: {label}")
+    lines += [f"    {phase.name} --> [*]" for phase in Phase if phase in ENDED]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(diagram(), end="")

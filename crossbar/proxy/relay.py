@@ -54,12 +54,12 @@ class StreamBody(protocol.Protocol):
     so a slow client pauses the upstream socket; a pause does not count as the host
     being idle. ``idle_timeout`` without a chunk calls ``on_idle``: a :class:`Deadline`
     whose time each chunk moves by a store (the clock read in one C call on a real
-    reactor), not a timer moved on every chunk (a Python call that cost a chunk some
-    2,000 instructions). The body's end,
-    clean or not, goes to ``on_end``. A pause as long as ``idle_timeout`` (a client that
+    reactor), not a timer moved on every chunk. The body's end, clean or not, goes to
+    ``on_end``. A pause as long as ``idle_timeout`` (a client that
     reads nothing, holding a host's connection and maybe its GPU) calls ``on_stall``.
     ``deadline``: one given it (pointed at ``on_idle`` here, let go at the end: a lent
-    one's timer goes on serving its lender); else one of its own.
+    one's timer goes on serving its lender); else one of its own. ``tap``: a reader of
+    the chunks (:class:`Tap`), if any.
     """
 
     def __init__(
@@ -71,6 +71,7 @@ class StreamBody(protocol.Protocol):
         on_end: Callable[[Failure], None],
         on_stall: Callable[[], None],
         deadline: Deadline | None = None,
+        tap: Tap | None = None,
     ) -> None:
         self.sent = 0
         """Bytes of body relayed to the client."""
@@ -88,13 +89,13 @@ class StreamBody(protocol.Protocol):
         self._on_end = on_end
         self._on_stall = on_stall
         self._stall: IDelayedCall | None = None
-
-    tap: Tap = _NO_TAP
-    """Sees every chunk as it is relayed (what the answer says of its work); its ``feed``
-    is looked up for each chunk, since a reader changes it as the stream goes on."""
+        self.tap: Tap = _NO_TAP if tap is None else tap
+        """Sees every chunk as it is relayed (what the answer says of its work); its
+        ``feed`` is looked up for each chunk, since a reader changes it as it goes on."""
 
     def dataReceived(self, data: bytes) -> None:
-        self._idle.due = self._now() + self._idle_timeout  # its timer is not moved
+        # A store, not Deadline.set: 900 fewer instructions a chunk (5%, instructions.py).
+        self._idle.due = self._now() + self._idle_timeout
         self.sent = sent = self.sent + len(data)
         tap = self.tap
         tap.feed(data)

@@ -8,6 +8,7 @@ from typing import Any
 from twisted.web import server
 from twisted.web.resource import IResource, Resource
 
+from crossbar.http import ProxyRequest
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.exchange import Exchange
 
@@ -33,7 +34,7 @@ class ProxyResource(Resource):
         self.context = context
 
     def render(self, request: server.Request) -> int:
-        if getattr(request, "rejected", False):
+        if isinstance(request, ProxyRequest) and request.rejected:
             return server.NOT_DONE_YET
         Exchange(self.context, request).start()
         return server.NOT_DONE_YET

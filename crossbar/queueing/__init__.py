@@ -5,11 +5,13 @@ from crossbar.queueing.flows import client_group, flow_of
 from crossbar.queueing.queue import Flow, Refused, Waiting
 from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotUse
 from crossbar.queueing.traffic import Traffic
-from crossbar.queueing.waits import Waiter, Waits
+from crossbar.queueing.waits import Go, Queued, Waiter, Waits
 
 __all__ = [
     "WINDOW_SECONDS",
     "Flow",
+    "Go",
+    "Queued",
     "Refused",
     "SlotUse",
     "Traffic",

@@ -184,12 +184,8 @@ def _among(address: str, networks: tuple[Network, ...]) -> bool:
 
 
 def _one_of(key: Secret, keys: Iterable[Secret]) -> bool:
-    """Whether ``key`` is one of ``keys`` itself (not merely equal): a loop, as a
-    generator costs a frame on every keyed request."""
-    for mine in keys:  # noqa: SIM110
-        if mine is key:
-            return True
-    return False
+    """Whether ``key`` is one of ``keys`` itself (not merely equal)."""
+    return any(mine is key for mine in keys)
 
 
 _FLOWS: dict[tuple[int, int | None, int | None], tuple[Secret, Flow]] = {}

@@ -32,8 +32,6 @@ class Traffic:
         seconds): how long a loaded model has been idle. Held to :data:`MAX_LAST_USED`."""
         self.slots: dict[str, int] = dict(slots or {})
         """Each host's ``slots:`` from the config."""
-        self.freed: Callable[[str, str | None], None] | None = None
-        """Told when a request leaves a host: one of its slots for that model is free."""
         self.usage = Occupancy(self.busy, self.last_used, self.slots)
         """A live view of both, for the policies' choice of where to load a model."""
         self.policies = Policies(routes, slots, self.usage)
@@ -96,8 +94,6 @@ class Traffic:
         if new is not None:
             self.in_flight[new] += 1
             busy[new, model] = busy.get((new, model), 0) + 1
-        if old is not None and self.freed is not None:
-            self.freed(old, model)
 
     def _used(self, host: str, model: str | None, now: float) -> None:
         last = self.last_used

@@ -18,25 +18,26 @@ room), and the move prefills the conversation again there.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Protocol
 
+import attrs
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from crossbar.config import Config, RouteConfig
 from crossbar.polling import HealthTable
 from crossbar.queueing.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.queueing.traffic import Traffic
-from crossbar.routing import CacheAffinity, Conversation, best_group, rendezvous, spill_places
+from crossbar.routing import Conversation, best_group, rendezvous, spill_places
 
 TICK = 1.0
 """Seconds between two looks at what waits (time-outs, hosts come back) while any does."""
 KEEP = 0.025
 """Seconds a slot stays kept for the flow whose request just ended in it, when that flow
-has nothing else running or waiting and would be served first: its next request takes
-it, rather than finding it given away a moment before it came (then waiting for a whole
-answer to end). Measured on the simulator with the queue full: a light flow's next
-request came 4.5 ms (p50) and 17.6 ms (p95) after its last ended."""
+has nothing else running or waiting and would be served first: its next request takes it,
+rather than finding it given away a moment before it came (then waiting for a whole answer
+to end). On the simulator with the queue full, a light flow's next request came 4.5 ms
+(p50) and 17.6 ms (p95) after its last ended."""
 
 
 class Waiter(Protocol):
@@ -44,6 +45,21 @@ class Waiter(Protocol):
 
     def dispatched(self, waited: float) -> None: ...
     def shed(self, refused: Refused) -> None: ...
+
+
+@attrs.frozen
+class Go:
+    """Admitted: choose a host now, leaving out ``full`` (hosts of its group, every slot taken)."""
+
+    full: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Queued:
+    """Admitted to wait: its waiter is told later, by ``dispatched`` or ``shed``."""
+
+    waiting: Waiting[Waiter]
+    """Its place in the queue (what :meth:`Waits.leave` takes, if its client leaves)."""
 
 
 class Waits:
@@ -62,11 +78,8 @@ class Waits:
         """Every request waiting now, by its number (a stop answers them all)."""
         self._homing: dict[int, IDelayedCall] = {}
         """The end of each ``cache_affinity`` turn's wait for its own host, by its number."""
-        self._ending: tuple[str, str] | None = None
-        """The flow and host of the request that ended last, until its slot frees."""
         self._kept: dict[str, tuple[str, str | None, IDelayedCall]] = {}
         """Each flow's slot kept for it (:data:`KEEP`): the host, the model, the release."""
-        traffic.freed = self.freed
 
     def configure(self, config: Config) -> None:
         """The routes of a config (and again after a reload): waiting requests stay."""
@@ -79,22 +92,47 @@ class Waits:
 
     # -- admission --------------------------------------------------------------------------
 
+    def admit(
+        self,
+        waiter: Waiter,
+        route: RouteConfig,
+        model: str | None,
+        flow: Flow,
+        conversation: Conversation | None = None,
+        *,
+        tried: Sequence[str] = (),
+        waited: bool = False,
+        counted: bool = False,
+    ) -> Go | Queued | Refused:
+        """Whether a request of ``flow`` goes to a host now (:class:`Go`), waits
+        (:class:`Queued`: ``waiter`` is told later) or is answered now (:class:`Refused`,
+        past a limit). Only a request's first try may wait: ``tried`` (hosts that failed
+        it) and ``waited`` (it was dispatched from the queue) go on at once. ``counted``:
+        its flow's share counts it already (else it does from now on)."""
+        if not tried and not waited and self._must_wait(route, model, (), conversation):
+            placed = self._wait(waiter, route, model, flow, conversation)
+            return placed if isinstance(placed, Refused) else Queued(placed)
+        look = waited or not self.traffic.policies.of(route).reads_conversations
+        full = tuple(self._full_hosts(route, model, tried)) if look else ()
+        if not counted:
+            self.queue.started(flow, self.clock.seconds())
+            self._release(flow.name)
+        return Go(full)
+
     def active(self) -> bool:
         """Whether any host's slots are known (the config's, or a host's own word): if
         none are, nothing can be full and nothing ever waits."""
         return bool(self.traffic.slots) or any(s.slots for s in self.table.view.values())
 
-    def full_hosts(
-        self, route: RouteConfig, model: str | None, exclude: Iterable[str]
-    ) -> list[str]:
+    def _full_hosts(self, route: RouteConfig, model: str | None, skip: Iterable[str]) -> list[str]:
         """The hosts of the request's best group with every slot for ``model`` taken."""
         if not route.queue:
             return []
         states, full = self.table.view, self.traffic.usage.full
-        group = best_group(route.hosts, model, states, frozenset(exclude))
+        group = best_group(route.hosts, model, states, frozenset(skip))
         return [s.name for s in group if full(s, model)]
 
-    def must_wait(
+    def _must_wait(
         self,
         route: RouteConfig,
         model: str | None,
@@ -103,7 +141,7 @@ class Waits:
     ) -> bool:
         """Whether every host of the best group is known to be full (none: no waiting) and
         (``spillover: true``) no other host can start one more copy of the model, or the
-        turn of ``conversation`` is to wait for its own host (:meth:`home`)."""
+        turn of ``conversation`` is to wait for its own host (:meth:`_home`)."""
         if not route.queue:
             return False
         states, full, skip = self.table.view, self.traffic.usage.full, frozenset(exclude)
@@ -111,7 +149,7 @@ class Waits:
         busy = [s for s in group if full(s, model)]
         if not busy and not skip:  # most requests: then no host, its home neither, is full
             return False
-        if self.home(route, model, conversation) is not None:
+        if self._home(route, model, conversation) is not None:
             return True
         if not group or len(busy) < len(group):
             return False
@@ -121,7 +159,7 @@ class Waits:
             return not spill_places(healthy, model, self.traffic.usage, self.clock.seconds())
         return True
 
-    def home(
+    def _home(
         self, route: RouteConfig, model: str | None, conversation: Conversation | None
     ) -> str | None:
         """The host a ``cache_affinity`` turn is to wait for: the one its conversation's
@@ -130,10 +168,10 @@ class Waits:
         if conversation is None or not route.home_wait or not route.queue:
             return None
         policy = self.traffic.policies.of(route)
-        if not isinstance(policy, CacheAffinity):
+        if not policy.reads_conversations:
             return None
         group = {s.name: s for s in best_group(route.hosts, model, self.table.view)}
-        host = policy.conversations.host_of(conversation.key)
+        host = policy.last_host(conversation.key)
         if host is None and conversation.turn:  # answered before, elsewhere
             host = rendezvous(conversation.key, list(group))[0] if group else None
         state = group.get(host) if host is not None else None
@@ -141,7 +179,7 @@ class Waits:
             return None
         return state.name
 
-    def wait(
+    def _wait(
         self,
         waiter: Waiter,
         route: RouteConfig,
@@ -153,7 +191,7 @@ class Waits:
         first, when it is a ``cache_affinity`` turn whose host is full."""
         now = self.clock.seconds()
         limit = PoolLimit(route.name, route.max_waiting)
-        home = self.home(route, model, conversation)
+        home = self._home(route, model, conversation)
         pool = (route.name, model) if home is None else (route.name, model, home)
         placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
         if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a
@@ -188,7 +226,7 @@ class Waits:
         self._held.pop(waiting.seq, None)
         pool, route = waiting.pool[:2], self._routes.get(waiting.pool[0])  # type: ignore[index]
         now = self.clock.seconds()
-        if route is None or not self.must_wait(route, pool[1], ()):
+        if route is None or not self._must_wait(route, pool[1], ()):
             waiting.item.dispatched(now - waiting.arrived)
             return
         placed = self.queue.push(
@@ -199,28 +237,31 @@ class Waits:
             return
         self._held[placed.seq] = placed
 
-    def started(self, flow: Flow) -> None:
-        """A request of ``flow`` went to a host without waiting: it counts in its share."""
-        self.queue.started(flow, self.clock.seconds())
-        self._release(flow.name)
-
-    def finished(self, flow: Flow, seconds: float, host: str | None = None) -> None:
-        """A request of ``flow`` that held a slot ``seconds`` ended; its slot on ``host``
-        frees next (:meth:`freed`)."""
-        self.queue.finished(flow, seconds, self.clock.seconds())
-        self._ending = None if host is None else (flow.name, host)
+    def release(
+        self, flow: Flow | None, host: str | None, model: str | None, seconds: float = 0.0
+    ) -> None:
+        """A request for ``model`` leaves ``host`` (if it held a slot there): at its end,
+        ``flow`` (if counted) is credited with ``seconds`` of service; the slot then goes
+        to the next waiting request, or is kept a moment for ``flow``'s next (:data:`KEEP`).
+        ``flow`` ``None``: it moves on to another host (a failover), or was never counted."""
+        now = self.clock.seconds()
+        if flow is not None:
+            self.queue.finished(flow, seconds, now)
+        if host is not None:
+            self.traffic.move(host, None, model, now)
+            self._freed(host, model, None if flow is None else flow.name)
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def freed(self, host: str, model: str | None) -> None:
-        """A request left ``host``: one of its slots for ``model`` is free."""
-        ending, self._ending = self._ending, None
+    def _freed(self, host: str, model: str | None, ending: str | None) -> None:
+        """One of ``host``'s slots for ``model`` is free (``ending``: the flow whose
+        request just ended in it, if that is how)."""
         if not self.queue.waiting():
             return  # nothing waits: costs nothing
         routes = self._serving.get(host, ())
         pools: list[Hashable] = [(route, model) for route in routes]
         pools += [(route, model, host) for route in routes]  # turns waiting for this host
-        if ending is not None and ending[1] == host and self._keep(ending[0], host, model, pools):
+        if ending is not None and self._keep(ending, host, model, pools):
             return
         self._send(pools)
 
@@ -246,6 +287,7 @@ class Waits:
             if later.active():
                 later.cancel()
             self.traffic.move(host, None, model)
+            self._freed(host, model, None)
 
     def _send(self, pools: list[Hashable]) -> None:
         """The next request a freed slot of ``pools`` can serve goes to it."""
@@ -285,7 +327,7 @@ class Waits:
         if len(pool) == 3:
             state = self.table.view.get(pool[2])
             return state is None or not self.traffic.usage.full(state, pool[1])
-        return not self.must_wait(route, pool[1], ())
+        return not self._must_wait(route, pool[1], ())
 
     def drain(self) -> None:
         """crossbar is stopping: whoever waits is answered 503 now."""

@@ -77,6 +77,11 @@ class Policy:
     """What crossbar carries per host and model (set by :class:`Policies`): where a model
     loaded nowhere is cheapest to load (:mod:`crossbar.routing.placement`)."""
 
+    def last_host(self, key: bytes) -> str | None:
+        """Where the conversation ``key``'s last turn went, for a policy that places by
+        conversation and placed it; ``None`` otherwise."""
+        return None
+
     def choose(
         self,
         route: RouteConfig,
@@ -210,6 +215,9 @@ class CacheAffinity(LeastBusy):
             if rest:
                 placed = self.conversations.place(key, rest, in_flight, max_load, now, turn=turn)
         return placed
+
+    def last_host(self, key: bytes) -> str | None:
+        return self.conversations.host_of(key)
 
     def reload(self, routes: Iterable[str], slots: Mapping[str, int]) -> None:
         self.conversations.set_slots(slots)

@@ -168,7 +168,7 @@ def test_chunked_bodies_count_as_they_arrive() -> None:
     assert d.site.body_memory == 50
 
 
-# -- the end of a request, told without a Deferred ----------------------------------------------
+# -- the end of a request, told once -------------------------------------------------------------
 
 
 def test_a_request_under_way_tells_its_end_once_when_it_finishes(d: Door) -> None:

@@ -1,5 +1,5 @@
-"""crossbar.proxy.outcome: an exchange as it ended, made into its one record; each field
-from what the exchange knew, by name (the record is built by position, for speed)."""
+"""crossbar.proxy.outcome: an exchange's outcome, filled in as it went, made into its one
+record as it ended; each field from what the exchange knew, by name."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import attrs
 from twisted.web.test.requesthelper import DummyRequest
 
 from crossbar.config import parse_config
-from crossbar.proxy.outcome import Ended, record_of
+from crossbar.proxy.outcome import Outcome
 from crossbar.proxy.phases import Phase
 from crossbar.routing.affinity import Placement
-from crossbar.stats.record import refused_record
-from crossbar.usage.reader import TokenUsage
+from crossbar.stats.record import RequestRecord, refused_record
+from crossbar.usage.reader import AnswerReader, TokenUsage
 
 ROUTE = parse_config({"hosts": {"gpu-a": "http://a:1"}, "routes": {"lab": {"hosts": ["gpu-a"]}}})
 
@@ -30,32 +30,30 @@ class Reader:
         return False
 
 
-def ended(**changed: Any) -> Ended:
+def ended(phase: Phase = Phase.ANSWERED, **changed: Any) -> RequestRecord:
+    """The record of an exchange that ended in ``phase`` at 12.0, its outcome as below."""
     request = DummyRequest([b""])
     request.method, request.code = b"POST", 200
     fields: dict[str, Any] = {
-        "request": request,
-        "phase": Phase.ANSWERED,
         "route": ROUTE.routes["lab"],
         "host": "gpu-b",
         "started": 10.0,
         "first_byte": 0.125,
-        "asked": "qwen",
+        "model": "qwen",
         "placement": Placement("gpu-b", "gpu-a", "moved"),
         "path": b"/v1/chat/completions",
         "tried": ["gpu-a", "gpu-b"],
         "waited": 0.5,
-        "shed_as": None,
+        "shed": None,
         "flow": None,
-        "reader": Reader(),
-        "sent": 4096,
+        "reader": cast(AnswerReader, Reader()),
     }
     fields.update(changed)
-    return cast(Ended, type("Exchange", (), fields)())
+    return Outcome(**fields).record(request, phase, 4096, 12.0)
 
 
 def test_every_field_of_the_record_comes_from_what_the_exchange_knew() -> None:
-    assert attrs.asdict(record_of(ended(), 12.0), recurse=False) == {
+    assert attrs.asdict(ended(), recurse=False) == {
         "route": "lab",
         "host": "gpu-b",
         "status": 200,
@@ -83,9 +81,9 @@ def test_every_field_of_the_record_comes_from_what_the_exchange_knew() -> None:
 
 
 def test_a_client_that_left_before_the_end_is_a_499_and_a_cut_answer_says_so() -> None:
-    left = record_of(ended(phase=Phase.CLIENT_LEFT), 12.0)
+    left = ended(Phase.CLIENT_LEFT)
     assert (left.status, left.client_left, left.cut_off) == (499, True, False)
-    cut = record_of(ended(phase=Phase.CUT_OFF, reader=None, placement=None), 12.0)
+    cut = ended(Phase.CUT_OFF, reader=None, placement=None)
     assert (cut.status, cut.cut_off, cut.prompt_tokens, cut.affinity) == (200, True, None, None)
 
 

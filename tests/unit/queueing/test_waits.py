@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from crossbar.config import parse_config
+from crossbar.queueing import Flow, Go, Queued, Refused
 from crossbar.queueing.waits import KEEP
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
 
@@ -163,3 +164,62 @@ def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them()
         assert head.startswith(b"HTTP/1.1 503")
         assert json.loads(body) == {"error": "crossbar is stopping"}
     assert memory.traffic.queue.waiting() == 0
+
+
+class Told:
+    """A waiting request, as the queue sees it: what it is told, in order."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, object]] = []
+
+    def dispatched(self, waited: float) -> None:
+        self.told.append(("dispatched", waited))
+
+    def shed(self, refused: Refused) -> None:
+        self.told.append(("shed", refused.reason))
+
+
+def test_admission_says_go_wait_or_no_and_the_slot_released_goes_to_whoever_waits() -> None:
+    memory = proxy()
+    waits, route, alice = memory.waits, memory.config.routes["lab"], Flow("alice", 1, None, 1)
+    assert waits.admit(Told(), route, "m", alice) == Go()  # room: it goes, counted
+    for host in ("gpu-a", "gpu-b"):
+        memory.traffic.move(None, host, "m")  # every slot taken
+    first, second = Told(), Told()
+    queued = waits.admit(first, route, "m", alice)
+    assert isinstance(queued, Queued) and memory.traffic.queue.waiting() == 1
+    refused = waits.admit(second, route, "m", alice)  # alice may have 1 waiting
+    assert isinstance(refused, Refused) and refused.status == 429
+    tried = waits.admit(Told(), route, "m", alice, tried=["gpu-a"], counted=True)
+    assert tried == Go(("gpu-b",))  # a failover goes on, leaving out the full host
+    memory.clock.advance(2)
+    waits.release(None, "gpu-b", "m")  # a request left gpu-b: its slot goes to the first
+    assert first.told == [("dispatched", 2)] and second.told == []
+
+
+def test_a_conversation_waits_for_its_own_full_host_then_for_any() -> None:
+    memory = proxy(policy="cache_affinity", home_wait="3s")
+    body = json.dumps({"messages": [{"role": "user", "content": "a long story"}]}).encode()
+    turn = json.dumps({"messages": [
+        {"role": "user", "content": "a long story"},
+        {"role": "assistant", "content": "{}"},
+        {"role": "user", "content": "go on"},
+    ]}).encode()  # fmt: skip
+
+    def send(data: bytes) -> ClientLine:
+        client = memory.client()
+        client.send(
+            b"POST /lab/v1/chat/completions HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer "
+            b"%s\r\nContent-Length: %d\r\n\r\n%s" % (ALICE.encode(), len(data), data)
+        )
+        return client
+
+    send(body)
+    home = memory.accept()
+    answer(home)
+    other = "gpu-b" if home.host == "gpu-a" else "gpu-a"
+    memory.traffic.move(None, home.host, "m")  # its home's one slot is taken
+    waiting = send(turn)
+    assert memory.waiting == [] and waiting.received == b""  # though the other has room
+    memory.clock.advance(3)  # home_wait is over: on to a host with room
+    assert memory.waiting == [other]

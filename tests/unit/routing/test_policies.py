@@ -72,6 +72,17 @@ def test_cache_affinity_places_a_conversation_and_the_pages_ask_without_placing(
     assert plain is not None and (plain.host, plain.placement) == ("b", None)
 
 
+def test_a_policy_says_where_a_conversation_s_last_turn_went() -> None:
+    """What the queue asks to let a turn wait for its own host."""
+    policies = Policies(["lab"])
+    lab = route("cache_affinity")
+    conversation = Conversation(b"k" * 16, 0)
+    assert policies.of(lab).last_host(conversation.key) is None  # not placed yet
+    placed = policies.of(lab).choose(lab, Ask(None, conversation), STATES, {})
+    assert placed is not None and policies.of(lab).last_host(conversation.key) == placed.host
+    assert policies.of(route("least_busy")).last_host(conversation.key) is None
+
+
 def test_only_cache_affinity_reads_conversations() -> None:
     assert [name for name in POLICIES if places_conversations(route(name))] == ["cache_affinity"]
 
