@@ -36,7 +36,9 @@ class Held(Protocol):
 
 
 _REFUSED, _REFUSED_SHARE, _CLOSED, _CLOSED_SHARE = range(4)
-_ALL, _EACH = "max_connections limit", "max_connections_per_client limit"
+LIMIT_NAMES = {_CLOSED: "max_connections", _CLOSED_SHARE: "max_connections_per_client"}
+"""The limit an idle connection gave way for, as ``closed_idle`` and the metrics name it."""
+_ALL, _EACH = f"{LIMIT_NAMES[_CLOSED]} limit", f"{LIMIT_NAMES[_CLOSED_SHARE]} limit"
 _LINES = {
     _REFUSED: "refused {count} client connection{s}: {limit} open, the " + _ALL,
     _REFUSED_SHARE: "refused {count} client connection{s} from {clients}: {limit} open from"
@@ -57,8 +59,10 @@ class Connections:
         self.refused = 0
         """Connections closed at once since start: ``max_connections`` open and none
         idle, or their client's share open and none idle."""
-        self.closed_idle = 0
-        """Idle connections closed since start to make room for new ones."""
+        self.closed_idle: Counter[str] = Counter()
+        """Idle connections closed since start to make room for new ones, by the limit
+        reached: ``max_connections`` (all open) or ``max_connections_per_client`` (the
+        new one's client's share)."""
         self._reactor = reactor
         self._limits = Limits()
         self._clients: Counter[str] = Counter()
@@ -133,7 +137,7 @@ class Connections:
     def _give_way(self, oldest: Held, kind: int, client: str) -> None:
         self.forget(oldest)
         oldest.give_way()
-        self.closed_idle += 1
+        self.closed_idle[LIMIT_NAMES[kind]] += 1
         self._note(kind, client)
 
     def _note(self, kind: int, client: str) -> bool:

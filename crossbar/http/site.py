@@ -9,6 +9,7 @@ the reactor's turn), and no access log of twisted.web's own. Each request is a
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet import protocol
@@ -357,6 +358,12 @@ class Site(server.Site):
     @refused_connections.setter
     def refused_connections(self, count: int) -> None:
         self.connections.refused = count
+
+    @property
+    def closed_idle_connections(self) -> Mapping[str, int]:
+        """Idle client connections closed since start to make room for new ones, by the
+        limit reached (see :class:`Connections`)."""
+        return self.connections.closed_idle
 
     def logPrefix(self) -> str:
         return self._prefix

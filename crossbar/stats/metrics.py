@@ -112,6 +112,13 @@ class ClientConnections(Protocol):
     @property
     def refused_requests(self) -> Mapping[tuple[int, str], int]: ...
 
+    @property
+    def closed_idle_connections(self) -> Mapping[str, int]: ...
+
+
+IDLE_CLOSED_FOR = ("max_connections", "max_connections_per_client")
+"""The limits an idle connection is closed for, to make room for a new one."""
+
 
 class _ConnectionsCollector:
     """Reads a site's connection counts when scraped: nothing is copied per connection."""
@@ -137,7 +144,16 @@ class _ConnectionsCollector:
         )
         for (code, reason), count in sorted(self._site.refused_requests.items()):
             requests.add_metric([str(code), reason], count)
-        return [refused, open_now, requests]
+        closed = CounterMetricFamily(
+            "crossbar_connections_closed_idle",
+            "Idle client connections closed to make room for new ones, by the limit reached: "
+            "max_connections (all open) or max_connections_per_client (the client's share).",
+            labels=["limit"],
+        )
+        closed_idle = self._site.closed_idle_connections
+        for limit in IDLE_CLOSED_FOR:
+            closed.add_metric([limit], closed_idle.get(limit, 0))
+        return [refused, open_now, requests, closed]
 
 
 class _ReloadsCollector:

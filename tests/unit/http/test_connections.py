@@ -54,7 +54,7 @@ def test_at_the_cap_the_oldest_idle_connection_gives_way() -> None:
     assert admitted
     assert second.gave_way and not first.gave_way
     assert connections.open == {first, third, fourth}
-    assert connections.closed_idle == 1
+    assert connections.closed_idle == {"max_connections": 1}
 
 
 def test_at_the_cap_with_none_idle_the_new_one_is_refused() -> None:

@@ -121,6 +121,33 @@ async def test_a_first_request_on_its_way_as_the_drain_begins_is_answered(
     assert rig.logs.matching("stopped: 2 requests finished")
 
 
+def one_slot(config: Config) -> Config:
+    hosts = {name: attrs.evolve(host, slots=1) for name, host in config.hosts.items()}
+    return attrs.evolve(config, hosts=hosts)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_first_request_finding_every_slot_busy_is_told_at_once(make: RigMaker) -> None:
+    """A connection accepted as the drain begins, whose first request would wait for a
+    slot held by a stream that outlasts it: 503 at once, not an answer held for as long as
+    the stream goes on (or until the drain cuts it)."""
+    rig = await make({"gpu-a": SimulatedHost(chunks=60, chunk_interval=0.05)}, adjust=one_slot)
+    _, reader = await rig.stream(CHAT, STREAM)  # 3 s of answer, in the one slot
+    await guard(reader.bytes(1), 2, "first chunk")
+    sock = socket.create_connection(("127.0.0.1", rig.port), timeout=10)
+    await eventually(lambda: rig.crossbar.site.open_connections == 2, 2, "second connection")
+    stopping = Deferred.fromCoroutine(rig.crossbar.drain())
+    await turns(2)
+    started = time.monotonic()
+    sock.sendall(b"GET /lab/v1/models HTTP/1.1\r\nHost: crossbar\r\n\r\n")
+    answer = await deferToThread(_read_all, sock)
+    assert time.monotonic() - started < 1.5
+    assert answer.startswith(b"HTTP/1.1 503")  # and closed: read to its end
+    assert b"crossbar is stopping" in answer
+    await guard(stopping, 10, "drain")
+    assert whole_stream(reader.data)
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_further_request_on_a_kept_alive_connection_is_told_to_go_elsewhere(
     make: RigMaker,

@@ -369,6 +369,9 @@ def test_the_connections_are_in_the_metrics() -> None:
     }
     assert found["crossbar_connections_refused_total", ()] == 1
     assert found["crossbar_client_connections", ()] == 2
+    closed = "crossbar_connections_closed_idle_total"
+    assert found[closed, (("limit", "max_connections"),)] == 0
+    assert found[closed, (("limit", "max_connections_per_client"),)] == 0
     refused = "crossbar_requests_refused_total"
     assert found[refused, (("code", "405"), ("reason", "method not allowed"))] == 1
     assert found[refused, (("code", "400"), ("reason", "more than one Host header"))] == 1
@@ -447,6 +450,28 @@ def test_at_its_share_a_client_s_own_oldest_idle_connection_gives_way() -> None:
     assert silent[0].closed and silent[0].answer == b""
     assert not silent[1].closed and not other.closed
     assert (d.site.open_connections, d.site.refused_connections) == (3, 0)
+
+
+def test_idle_connections_closed_for_room_are_in_the_metrics_by_limit() -> None:
+    d = door(Limits(max_connections=4))  # a share of 1
+    table = HealthTable({"gpu-a": "http://127.0.0.1:1"}, Clock(), {"gpu-a": HostSettings()})
+    metrics = Metrics(table, Traffic(["gpu-a"], ["lab"]))
+    metrics.count_connections(d.site)
+    first, second = d.connect(peer("127.0.0.2")), d.connect(peer("127.0.0.2"))
+    assert first.closed and not second.closed  # its client's share: the first gave way
+    others = [d.connect(peer(f"127.0.0.{n}")) for n in (3, 4, 5, 6)]
+    assert second.closed  # the whole cap: the oldest idle one gave way
+    assert not any(conn.closed for conn in others)
+    found = {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for sample in family.samples
+        if sample.name == "crossbar_connections_closed_idle_total"
+    }
+    assert found == {
+        (("limit", "max_connections"),): 1,
+        (("limit", "max_connections_per_client"),): 1,
+    }
 
 
 def test_trusted_proxies_have_no_share() -> None:
