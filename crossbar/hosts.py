@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 
 from crossbar.config import Changes, Config, HostConfig, Secret, moved
+from crossbar.pages import ModelEvents
 from crossbar.polling import HealthTable, HostState, ListReader, Poller
 from crossbar.queueing import Traffic
 from crossbar.routing import places_conversations
@@ -53,11 +54,18 @@ class Hosts:
         self._configured: dict[str, HostConfig] = dict(config.hosts)
         """The hosts of every config since start that are still in the table."""
         settings = config.settings
-        self.table = HealthTable(config.urls, reactor, settings)
-        self.table.on_change(log_transition)
         self.traffic = Traffic(config.hosts, config.routes, _slots(config))
         self._config = config
-        self.table.slots_learned = self._slots_learned
+        self.model_events = ModelEvents(self.traffic.usage, reactor)
+        """The loads and evictions the polls saw, logged and counted."""
+        self.table = HealthTable(
+            config.urls,
+            reactor,
+            settings,
+            listeners=(log_transition,),
+            slots_learned=self._slots_learned,
+            models_changed=self.model_events.seen,
+        )
         self._pool = make_pool(reactor, per_host=1)
         self.client = HTTPClient(make_agent(reactor, self._pool, {}, {}))
         """treq for crossbar's own asks that are not polls (other workers' metrics)."""

@@ -38,7 +38,6 @@ from crossbar.config import (
 from crossbar.hosts import Hosts
 from crossbar.http import KeyGuard, count_requests
 from crossbar.pages import (
-    ModelEvents,
     StatusApp,
     WorkerInfo,
     gather_metrics,
@@ -84,8 +83,7 @@ class Crossbar(MultiService):
         self.recent, self.hourly = hosts.recent, hosts.hourly
         self.metrics = Metrics(self.table, self.traffic, reactor)
         self.metrics.count_reloads(self.reloads)
-        self.model_events = ModelEvents(self.traffic.usage, reactor)
-        self.table.models_changed = self.model_events.seen  # loads and evictions, logged
+        self.model_events = hosts.model_events  # loads and evictions, logged
         self.metrics.registry.register(self.model_events)  # and counted
         self.usage = _usage_ledger(config, reactor, self.table.knows)
         access = AccessLog(self.table.knows, text=config.log_format == "text")

@@ -8,7 +8,7 @@ when a host is trusted again live here, with no I/O, so each is cheap to test.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -138,6 +138,10 @@ class HealthTable:
         hosts: Mapping[str, str],
         clock: Clock,
         settings: Mapping[str, HostSettings] | None = None,
+        *,
+        listeners: Sequence[Callable[[HostState, HostState], None]] = (),
+        slots_learned: Callable[[], None] | None = None,
+        models_changed: Callable[[HostState, HostState], None] | None = None,
     ) -> None:
         self._clock = clock
         self._states = {name: HostState(name=name, url=url) for name, url in hosts.items()}
@@ -147,10 +151,11 @@ class HealthTable:
             name: (settings or {}).get(name, default) for name in hosts
         }
         """Every host's settings: the one place the poller and the proxy read them."""
-        self._listeners: list[Callable[[HostState, HostState], None]] = []
-        self.slots_learned: Callable[[], None] | None = None
+        self._listeners = list(listeners)
+        """Told ``(old, new)`` when a host goes up or down."""
+        self.slots_learned = slots_learned
         """Told when what a host said of its models' slots changed."""
-        self.models_changed: Callable[[HostState, HostState], None] | None = None
+        self.models_changed = models_changed
         """Told ``(old, new)`` when a poll lists other models loaded than the last one did
         (not at a host's first poll): the loads and evictions a router made."""
         self._models: frozenset[str] = frozenset()

@@ -205,10 +205,13 @@ class UsageLedger(Service):
 
     # -- reading ----------------------------------------------------------------------------
 
-    def query(self, since: float, until: float, by: Sequence[str]) -> Deferred[Rows]:
+    def query(
+        self, since: float, until: float, by: Sequence[str], *, capped: bool = True
+    ) -> Deferred[Rows]:
         """The store's sums over ``[since, until)`` by ``by`` (see :class:`UsageQueries`:
-        a failure with ``QueriesBusy`` when too many run; cancelled, the query stops)."""
-        return self.queries.query(since, until, by)
+        a failure with ``QueriesBusy`` when too many ``capped`` ones run; cancelled, the
+        query stops)."""
+        return self.queries.query(since, until, by, capped=capped)
 
 
 def _reason(failure: Failure) -> str:

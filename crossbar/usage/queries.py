@@ -53,11 +53,14 @@ class UsageQueries:
         self.running = 0
         """Queries given to the thread and not yet ended there (a stopped one too)."""
 
-    def query(self, since: float, until: float, by: Sequence[str]) -> Deferred[Rows]:
+    def query(
+        self, since: float, until: float, by: Sequence[str], *, capped: bool = True
+    ) -> Deferred[Rows]:
         """The sums over ``[since, until)`` by ``by``; a failure with
-        :class:`QueriesBusy` when ``most`` are running. Cancelling the answer stops the
-        query on its thread."""
-        if self.running >= self.most:
+        :class:`QueriesBusy` when ``most`` are running and the query is ``capped`` (one
+        asked from outside; crossbar's own few reads, the status page's, never are).
+        Cancelling the answer stops the query on its thread."""
+        if capped and self.running >= self.most:
             return fail(QueriesBusy(self.most))
         stop = _Stop()
 

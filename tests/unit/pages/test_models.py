@@ -70,9 +70,8 @@ def test_loads_and_evictions_are_counted_and_logged_once_each(logs: LogCapture) 
     clock = Clock()
     clock.advance(1000)
     usage = Occupancy({}, {("gpu-b", "qwen-7b"): 160.0})
-    table = HealthTable({"gpu-b": "http://b"}, clock)
     events = ModelEvents(usage, clock)
-    table.models_changed = events.seen
+    table = HealthTable({"gpu-b": "http://b"}, clock, models_changed=events.seen)
     known = ("gpt-oss-20b", "qwen-7b", "llama-8b")
     table.record_ok("gpu-b", ["qwen-7b"], known)  # the first poll: what was loaded before
     table.record_ok("gpu-b", ["qwen-7b"], known)

@@ -453,8 +453,7 @@ def test_learning_slots_tells_no_listener() -> None:
 
 def test_what_a_host_says_of_its_slots_is_told_once_it_changes() -> None:
     told: list[int] = []
-    table = HealthTable({"gpu-a": "http://a"}, Clock())
-    table.slots_learned = lambda: told.append(1)
+    table = HealthTable({"gpu-a": "http://a"}, Clock(), slots_learned=lambda: told.append(1))
     table.record_ok("gpu-a", ["m"], ["m"])
     table.record_slots("gpu-a", "m", 4)
     table.record_slots("gpu-a", "m", 4)  # the same again: nothing to tell
