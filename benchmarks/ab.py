@@ -6,8 +6,9 @@
                                       [--route-before "KEY: VALUE"] [--route-after ...]
                                       [--slots N]
 
-BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package (``git archive HEAD crossbar |
-tar -x -C /tmp/before``; ``cp -r crossbar /tmp/after``). Both crossbars run at once, each
+BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package and twistd's plugin
+(``git archive HEAD crossbar twisted | tar -x -C /tmp/before``; ``cp -r crossbar twisted
+/tmp/after``: without ``twisted/plugins/crossbar_plugin.py`` twistd finds no crossbar). Both crossbars run at once, each
 with the config ``run.py`` gives its own (``--features``: the route keyed,
 ``cache_affinity``, the JSON log), and take the same load in turn, the order swapped every
 pair, so that what the machine does meanwhile falls on both alike. A change of a few per
