@@ -261,6 +261,9 @@ def raw(port: int, data: bytes) -> bytes:
         return answer
 
 
+WORDS_401_END = b'"type":"authentication_error","code":401}}'
+
+
 def credentials_seen(sim: SimulatedHost) -> list[dict[str, str]]:
     return [
         {k: v for k, v in r.headers.items() if k in ("authorization", "x-api-key")}
@@ -281,7 +284,7 @@ async def test_a_request_without_a_key_is_refused_before_its_body_is_sent_or_rea
         assert answer.startswith(b"HTTP/1.1 401 ")
         assert b"\r\nWWW-Authenticate: Bearer\r\n" in answer
         assert b"100 Continue" not in answer  # never invited to send the body
-        assert answer.endswith(b'\r\n\r\n{"error":"unauthorized"}')
+        assert answer.endswith(b'\r\n\r\n{"error":{"message":"unauthorized",' + WORDS_401_END)
         # One that sends a large body anyway reads its 401 all the same.
         wrong = head.replace(b"Expect: 100-continue", b"Authorization: Bearer lab-key-b")
         answer = await deferToThread(raw, rig.port, wrong + b"x" * 1_000_000)
