@@ -89,9 +89,33 @@ class KeyGuard:
         if not keys:
             return None
         key = key_held(headers, keys)
-        return UNAUTHORIZED if key is None else key
+        return unauthorized(headers) if key is None else key
 
     def _status(self, path: bytes, headers: RawHeaders) -> Refusal | None:
         if not self.status or path in PROBES or holds_key(headers, self.status):
             return None
         return UNAUTHORIZED
+
+
+_CHALLENGE = ((b"WWW-Authenticate", b"Bearer"),)
+NO_KEY = Refusal(401, "unauthorized: no key sent", _CHALLENGE, close=True)
+NOT_BEARER = Refusal(
+    401, "unauthorized: Authorization without Bearer (send Authorization: Bearer <key>)",
+    _CHALLENGE, close=True,
+)  # fmt: skip
+UNKNOWN_KEY = Refusal(401, "unauthorized: key not known", _CHALLENGE, close=True)
+
+
+def unauthorized(headers: RawHeaders) -> Refusal:
+    """The 401 for a route's request whose head holds none of its keys, saying why: no key
+    sent, an ``Authorization`` without ``Bearer``, or a key it does not know (never which)."""
+    authorization = False
+    for name, values in headers:
+        lower = name.lower()
+        if lower == b"x-api-key":
+            return UNKNOWN_KEY
+        if lower == b"authorization":
+            authorization = True
+            if any(value.lower().startswith(b"bearer") for value in values):
+                return UNKNOWN_KEY
+    return NOT_BEARER if authorization else NO_KEY

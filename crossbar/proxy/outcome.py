@@ -83,4 +83,5 @@ def record_of(ended: Ended, now: float) -> RequestRecord:
         None if usage is None else usage.generated,  # generated_tokens
         None if first is None else first - ended.started,  # first_token
         None if usage is None else usage.tokens_per_second,  # tokens_per_second
+        getattr(ended, "reason", None),  # reason: the words of an answer crossbar made
     )

@@ -198,3 +198,13 @@ def read_conversation(path: bytes, body: bytes, model: str | None) -> Conversati
     if shape is None:
         return None
     return read_body(shape, body, model, conversations=True).conversation
+
+
+def not_found(route: str, rest: bytes) -> str:
+    """The 404 of a path of ``route`` crossbar does not forward (``rest``: the route's part),
+    naming the right one when the path is a forwarded one with ``/v1`` left out or doubled:
+    ``not found: did you mean /opencode/v1/chat/completions?``."""
+    for guess in (b"/v1" + rest, rest[3:] if rest.startswith(b"/v1/v1/") else b""):
+        if guess in SHAPES:
+            return f"not found: did you mean /{route}{guess.decode()}?"
+    return "not found"

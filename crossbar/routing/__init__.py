@@ -4,7 +4,7 @@ model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 
 from crossbar.routing.affinity import Placement
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
-from crossbar.routing.groups import best_group, routes_down
+from crossbar.routing.groups import best_group, no_healthy_host, routes_down
 from crossbar.routing.placement import (
     BUSY,
     EVICTS,
@@ -35,6 +35,7 @@ __all__ = [
     "best_group",
     "fits_nowhere",
     "largest_window",
+    "no_healthy_host",
     "places_conversations",
     "rendezvous",
     "routes_down",

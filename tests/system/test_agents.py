@@ -188,7 +188,7 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
 
 PRINTED = {
     "claude": {
-        "401": "Failed to authenticate. API Error: 401 unauthorized",
+        "401": "Failed to authenticate. API Error: 401 unauthorized: key not known",
         "404": "There's an issue with the selected model (qwen3-coder-30b). It may not exist",
         "413": "Request too large (max 32MB).",
         "502": "API Error: 502 upstream failed (host gpu-a).",
@@ -196,7 +196,7 @@ PRINTED = {
         "504": "API Error: 504 upstream timeout (host gpu-b).",
     },
     "codex": {
-        "401": "ERROR: unexpected status 401 Unauthorized: unauthorized, url: ",
+        "401": "ERROR: unexpected status 401 Unauthorized: unauthorized: key not known, url: ",
         "404": "ERROR: unexpected status 404 Not Found: unknown route, url: ",
         "413": "ERROR: unexpected status 413 Payload Too Large: body too large, url: ",
         "502": "ERROR: unexpected status 502 Bad Gateway: upstream failed (host gpu-a), url: ",

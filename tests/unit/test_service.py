@@ -69,7 +69,10 @@ def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path) -> None:
     )
     main, own = daemon.url, f"http://127.0.0.1:{pages}"
     try:
-        assert request(main + "/lab/v1/models") == (401, api_error(401, "unauthorized"))
+        assert request(main + "/lab/v1/models") == (
+            401,
+            api_error(401, "unauthorized: no key sent"),
+        )
         assert request(main + "/lab/v1/models", {"X-Api-Key": "route-key-77"})[0] == 503
         assert request(main + "/_crossbar/status") == (404, {"error": "not found"})
         assert request(main + "/_crossbar/livez") == (200, {"live": True})

@@ -131,7 +131,7 @@ CAUSES = {
     504: upstream_timeout,
 }
 ANTHROPIC = {
-    401: ("authentication_error", "unauthorized"),
+    401: ("authentication_error", "unauthorized: key not known"),
     404: ("not_found_error", "unknown route"),
     413: ("request_too_large", "body too large"),
     502: ("api_error", "upstream failed (host gpu-b)"),
@@ -139,7 +139,7 @@ ANTHROPIC = {
     504: ("api_error", "upstream timeout (host gpu-a)"),
 }
 OPENAI = {
-    401: api_error(401, "unauthorized"),
+    401: api_error(401, "unauthorized: key not known"),
     404: api_error(404, "unknown route"),
     413: api_error(413, "body too large"),
     502: api_error(502, "upstream failed (host gpu-b)"),
@@ -290,7 +290,7 @@ def test_the_openai_sdk_shows_crossbar_s_words() -> None:
         sdk(proxy).models.list()
     found[503] = str(down.value)
     assert found == {
-        401: "Error code: 401 - unauthorized",
+        401: "Error code: 401 - unauthorized: key not known",
         404: "Error code: 404 - unknown route",
         413: "Error code: 413 - body too large",
         429: found[429],

@@ -191,8 +191,8 @@ def test_one_line_is_logged_for_a_refusal_without_the_query(d: Door) -> None:
         d.connect().send(get(b"/lab/v1/\x1bmodels"))  # twisted.web refuses the line
     finally:
         logs.close()
-    assert logs.matching("405") == ["- - PUT /lab/v1/models 405 0ms"]
-    assert logs.matching("400") == ["- - - - 400 0ms"]
+    assert logs.matching("405") == ["- - PUT /lab/v1/models 405 0ms (method not allowed)"]
+    assert logs.matching("400") == ["- - - - 400 0ms (bad request)"]
     assert not logs.matching("secret")
 
 

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from crossbar.proxy.shapes import CHAT, COMPLETION, SHAPES, read_body, read_conversation
+from crossbar.proxy.shapes import (
+    CHAT,
+    COMPLETION,
+    SHAPES,
+    not_found,
+    read_body,
+    read_conversation,
+)
 
 MESSAGES = [
     {"role": "system", "content": "You are a careful coding agent."},
@@ -129,3 +136,18 @@ def test_the_answer_s_token_limit_is_read_in_the_same_pass(
     body = json.dumps({"model": "m", "messages": [], "input": "hi", **fields}).encode()
     for conversations in (False, True):
         assert read_body(SHAPES[path], body, None, conversations).reply_limit == limit
+
+
+@pytest.mark.parametrize(
+    ("rest", "words"),
+    [
+        (b"/chat/completions", "not found: did you mean /opencode/v1/chat/completions?"),
+        (b"/v1/v1/messages", "not found: did you mean /opencode/v1/messages?"),
+        (b"/models", "not found: did you mean /opencode/v1/models?"),
+        (b"/v1/stream", "not found"),  # never forwarded, however spelled
+        (b"/v1/v1/stream", "not found"),
+        (b"/nothing", "not found"),
+    ],
+)
+def test_a_wrong_path_names_the_route_s_right_one(rest: bytes, words: str) -> None:
+    assert not_found("opencode", rest) == words
