@@ -108,14 +108,19 @@ UNKNOWN_KEY = Refusal(401, "unauthorized: key not known", _CHALLENGE, close=True
 
 def unauthorized(headers: RawHeaders) -> Refusal:
     """The 401 for a route's request whose head holds none of its keys, saying why: no key
-    sent, an ``Authorization`` without ``Bearer``, or a key it does not know (never which)."""
-    authorization = False
+    sent (an empty one counts as none), an ``Authorization`` without ``Bearer``, or a key
+    it does not know (never which)."""
+    not_bearer = False
     for name, values in headers:
         lower = name.lower()
-        if lower == b"x-api-key":
-            return UNKNOWN_KEY
-        if lower == b"authorization":
-            authorization = True
-            if any(value.lower().startswith(b"bearer") for value in values):
-                return UNKNOWN_KEY
-    return NOT_BEARER if authorization else NO_KEY
+        for value in values if lower in (b"authorization", b"x-api-key") else ():
+            parts = value.split(None, 1)
+            if lower == b"x-api-key":
+                if parts:
+                    return UNKNOWN_KEY
+            elif parts and parts[0].lower() == b"bearer":
+                if len(parts) == 2:
+                    return UNKNOWN_KEY
+            elif parts:
+                not_bearer = True
+    return NOT_BEARER if not_bearer else NO_KEY

@@ -180,7 +180,7 @@ def test_curl_streams_with_the_key_and_is_refused_without(crossbar: Daemon, tmp_
 
     refused = run("curl-stream", crossbar, tmp_path, route="private", key="")
     assert "data:" not in refused.stdout
-    assert json.loads(refused.stdout) == api_error(401, "unauthorized")
+    assert json.loads(refused.stdout) == api_error(401, "unauthorized: no key sent")
 
 
 # -- Node ----------------------------------------------------------------------------------------

@@ -94,8 +94,8 @@ def test_a_route_with_keys_lets_in_a_head_with_one_of_them(headers: RawHeaders) 
     ("headers", "refusal"),
     [
         ([], NO_KEY),
-        (auth(b"Bearer "), UNKNOWN_KEY),
-        (api_key(b""), UNKNOWN_KEY),
+        (auth(b"Bearer "), NO_KEY),  # an empty key is none
+        (api_key(b""), NO_KEY),
         (auth(b"Bearer wrong"), UNKNOWN_KEY),
         (auth(b"Bearer LAB-KEY-A"), UNKNOWN_KEY),  # a key is compared exactly
         (auth(b"Bearer lab-key"), UNKNOWN_KEY),  # a prefix of a key
