@@ -31,7 +31,6 @@ COMMAND_LINES = {
 # the ``test_modules_excused_*`` tests say which.
 WITHOUT_TESTS_YET = {
     "crossbar/proxy/phases.py": "proxy restructure",
-    "crossbar/proxy/demand.py": "proxy restructure",
     "crossbar/proxy/context.py": "proxy restructure",
     "crossbar/proxy/resources.py": "proxy restructure",
 }
