@@ -8,8 +8,9 @@
 
 BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package and twistd's plugin
 (``git archive HEAD crossbar twisted | tar -x -C /tmp/before``; ``cp -r crossbar twisted
-/tmp/after``: without ``twisted/plugins/crossbar_plugin.py`` twistd finds no crossbar). Both crossbars run at once, each
-with the config ``run.py`` gives its own (``--features``: the route keyed,
+/tmp/after``: without ``twisted/plugins/crossbar_plugin.py`` twistd finds no crossbar).
+Both crossbars run at once, each with the config ``run.py`` gives its own (``--features``:
+the route keyed,
 ``cache_affinity``, the JSON log), and take the same load in turn, the order swapped every
 pair, so that what the machine does meanwhile falls on both alike. A change of a few per
 cent shows here when a full ``run.py`` of each, minutes apart, would hide it.

@@ -14,6 +14,7 @@ from twisted.logger import FilteringLogObserver, ILogObserver
 from twisted.python import usage
 from twisted.python.components import Componentized
 
+from crossbar import __version__
 from crossbar._twisted import run_lean, twistd_log_observer
 from crossbar.config import Config, ConfigError, load_config, parse_listen, to_yaml
 from crossbar.http import CannotListen, not_an_internal_start
@@ -46,6 +47,11 @@ class Options(usage.Options):
             "exit without starting: 0, or 2 with the error.",
         ],
     ]
+
+    def opt_version(self) -> NoReturn:
+        """Print crossbar's version and exit (twistd's own ``--version`` prints Twisted's)."""
+        print(f"crossbar {__version__}")
+        sys.exit(0)
 
 
 def makeService(options: Options) -> IService:

@@ -49,7 +49,8 @@ def parse_url(value: object) -> str:
     """Check an ``http(s)://host[:port][/path]`` base URL; return it without a trailing
     slash. A URL is only ever quoted with what lies before its last ``@`` masked, and
     urllib's own words (which repeat a password that holds ``/``, ``?``, ``#`` or
-    ``@``) only for a URL without one."""
+    ``@``) only for a URL without one. A URL ending in ``/v1`` is refused: crossbar adds
+    the API's path, and the host would answer every poll ``404``."""
     if not isinstance(value, str):
         raise ValueError(f"must be a URL string, not {_kind(value)}")
     shown = shown_url(value)
@@ -68,6 +69,11 @@ def parse_url(value: object) -> str:
         raise ValueError(f"must have no query or fragment: {shown!r}")
     if port == 0:
         raise ValueError(f"port must be 1-65535: {shown!r}")
+    if parts.path.rstrip("/").endswith("/v1"):  # a client's base URL, copied: every poll 404s
+        base = shown.rstrip("/")[:-3]
+        raise ValueError(
+            f"host url must not end in /v1: crossbar adds the API path itself; use {base}"
+        )
     return value.rstrip("/")
 
 

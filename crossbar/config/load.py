@@ -304,6 +304,8 @@ def _route(
 ) -> RouteConfig:
     if name in _RESERVED_ROUTES:
         raise r.fail(key, f"the name {name!r} is reserved for crossbar's own pages")
+    if name.lower() == "v1":
+        raise r.fail(key, "a route named v1 would read as the API's /v1: name the route")
     body = r.mapping(spec, key, _ROUTE_KEYS)
     members = body.get("hosts")
     if not isinstance(members, list) or not members:

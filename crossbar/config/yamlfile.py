@@ -61,6 +61,11 @@ def _yaml_problem(e: yaml.YAMLError, text: str) -> str:
         if context and begun is not None:
             problem += f" ({context} begun on line {begun.line + 1})"
         return f"at the end of the file: {problem}"
+    begun = getattr(e, "context_mark", None)
+    if getattr(e, "context", None) == "while scanning a simple key" and begun is not None:
+        # A key without its ':' is found missing where the next line begins: the
+        # line at fault is the key's own.
+        mark = begun
     if "${" in lines[mark.line]:
         problem += ' (write a ${VARIABLE} in quotes: ["${VARIABLE}"])'
     return f"line {mark.line + 1}: {problem}"

@@ -1,10 +1,13 @@
 """The errors crossbar answers itself, in the shape the client's API reads.
 
-Most clients show ``{"error": "..."}`` as it is (the OpenAI SDKs, Codex, OpenCode: each
-prints the text). Claude Code reads Anthropic's own shape on the Messages API and shows its
-``message``: ``API Error: 503 no healthy host``, where the plain shape comes out as raw JSON.
-(For a 404 and a 413 it shows words of its own whatever the body says; docs/clients.md
-says what they mean.) Pure rules, no I/O.
+On the API paths each error comes in the shape its clients parse for words: Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` on the Messages API (Claude Code and
+the Anthropic SDK print its ``message``), and elsewhere the shape llama-server and OpenAI
+answer, ``{"error": {"message", "type", "code"}}`` (the OpenAI SDKs print only
+``error.message``: a plain string under ``error`` came out as ``Error code: 404``). The
+words are the same in both. crossbar's own pages (``/_crossbar/``), which no API client
+reads, keep the plain ``{"error": "<words>"}``. docs/clients.md shows what each client
+prints. Pure rules, no I/O.
 """
 
 from __future__ import annotations
@@ -22,18 +25,33 @@ _ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "unavailable_error",
+}
+"""llama-server's own types (and its ``code``, the status): a client sees one shape
+whether a host or crossbar answered. Others: ``invalid_request_error`` below 500,
+``server_error`` from 500."""
+_PAGES = b"/_crossbar/"
 
 
 def error_payload(
     path: bytes, status: int, message: str, extra: Mapping[str, str] | None = None
 ) -> dict[str, object]:
-    """The JSON of crossbar's error ``message`` (``extra``: e.g. the host it is about) for
-    a request to ``path`` (the whole path, or the route's part of it)."""
-    if not path.endswith(_ANTHROPIC):
+    """The JSON of crossbar's error ``message`` (``extra``: e.g. the host it is about, told
+    in the words: ``upstream failed (host gpu-a)``) for a request to ``path`` (the whole
+    path, or the route's part of it)."""
+    if path.startswith(_PAGES) or path == _PAGES[:-1]:
         return {"error": message, **(extra or {})}
     words = message + "".join(f" ({name} {value})" for name, value in (extra or {}).items())
-    kind = _ANTHROPIC_TYPES.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": words}}
+    if path.endswith(_ANTHROPIC):
+        kind = _ANTHROPIC_TYPES.get(status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": words}}
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": words, "type": kind, "code": status}}
 
 
 def too_long_payload(path: bytes, prompt_tokens: int, window: int) -> dict[str, object]:

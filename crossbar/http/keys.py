@@ -101,9 +101,38 @@ class KeyGuard:
         if not keys:
             return None
         key = key_held(headers, keys)
-        return UNAUTHORIZED if key is None else key
+        return unauthorized(headers) if key is None else key
 
     def _status(self, path: bytes, headers: RawHeaders) -> Refusal | None:
         if not self.status or path in PROBES or holds_key(headers, self.status):
             return None
         return PAGES_UNAUTHORIZED
+
+
+_CHALLENGE = ((b"WWW-Authenticate", b"Bearer"),)
+NO_KEY = Refusal(401, "unauthorized: no key sent", _CHALLENGE, close=True)
+NOT_BEARER = Refusal(
+    401, "unauthorized: Authorization without Bearer (send Authorization: Bearer <key>)",
+    _CHALLENGE, close=True,
+)  # fmt: skip
+UNKNOWN_KEY = Refusal(401, "unauthorized: key not known", _CHALLENGE, close=True)
+
+
+def unauthorized(headers: RawHeaders) -> Refusal:
+    """The 401 for a route's request whose head holds none of its keys, saying why: no key
+    sent (an empty one counts as none), an ``Authorization`` without ``Bearer``, or a key
+    it does not know (never which)."""
+    not_bearer = False
+    for name, values in headers:
+        lower = name.lower()
+        for value in values if lower in (b"authorization", b"x-api-key") else ():
+            parts = value.split(None, 1)
+            if lower == b"x-api-key":
+                if parts:
+                    return UNKNOWN_KEY
+            elif parts and parts[0].lower() == b"bearer":
+                if len(parts) == 2:
+                    return UNKNOWN_KEY
+            elif parts:
+                not_bearer = True
+    return NOT_BEARER if not_bearer else NO_KEY

@@ -221,7 +221,7 @@ class Channel(ParserRefusals):
         self._linger = self.callLater(LINGER, transport.abortConnection)
         if refusal is admission.NO_REQUEST:
             return  # no request to log: it is counted
-        self.site.observer.request_done(refused_record(refusal.status, method, path))
+        self.site.observer.request_done(refused_record(refusal.status, method, path, refusal.error))
 
     def give_way(self) -> None:
         """Close this idle connection for a new one (the site has forgotten it): its

@@ -19,7 +19,7 @@ from crossbar.http import (
     upstream_headers,
 )
 from crossbar.proxy.modelname import with_model
-from crossbar.proxy.shapes import SHAPES, Shape, read_body
+from crossbar.proxy.shapes import MODEL_ENTRY, Shape, model_in_path, read_body, shape_of
 from crossbar.routing import Conversation
 
 
@@ -55,7 +55,7 @@ def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape 
     route = config.routes.get(target.route)
     if route is None:
         raise BadTarget(404, "unknown route")
-    return route, target, SHAPES.get(target.rest)
+    return route, target, shape_of(target.rest)
 
 
 def read_request(
@@ -83,6 +83,8 @@ def read_request(
             release_body(request, keep_reserved=True)  # the copy is the one kept
         found.conversation = facts.conversation
         found.reply_limit = facts.reply_limit
+    elif shape is MODEL_ENTRY:  # GET /v1/models/{id}: asked of a host that has it
+        found.model = found.asked = model_in_path(target.rest)
     if body or method not in BODYLESS:
         found.body = body
     found.url_rest = target.rest + (b"?" + target.query if target.query else b"")

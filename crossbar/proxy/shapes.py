@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import attrs
 import msgspec
@@ -147,6 +148,14 @@ RESPONSES = Shape(
     "responses", decoder=msgspec.json.Decoder(_Responses), conversation=_read_responses
 )
 _MODEL = Shape("model")
+NATIVE_COMPLETION = Shape(
+    "native completion", decoder=msgspec.json.Decoder(_Completion), conversation=_read_completion
+)
+"""llama-server's own ``/completion``: a prompt, placed by it like ``/v1/completions``."""
+_NATIVE = Shape("native")
+"""llama-server's own stateless endpoints (infill, tokenize...): a body naming a model."""
+MODEL_ENTRY = Shape("model entry", names_model=False)
+"""``GET /v1/models/{id}``: the model is in the path (:func:`model_in_path`)."""
 _NO_BODY = Shape("no body", names_model=False)
 _FORM = Shape("form", names_model=False)
 """A multipart form (a transcription): forwarded as it is."""
@@ -164,11 +173,45 @@ SHAPES: Mapping[bytes, Shape] = {
     b"/v1/reranking": _MODEL,
     b"/v1/audio/transcriptions": _FORM,
     b"/v1/models": _NO_BODY,
+    b"/completion": NATIVE_COMPLETION,
+    b"/completions": NATIVE_COMPLETION,
+    b"/infill": _NATIVE,
+    b"/tokenize": _NATIVE,
+    b"/detokenize": _NATIVE,
+    b"/apply-template": _NATIVE,
+    b"/embedding": _NATIVE,
+    b"/embeddings": _NATIVE,
+    b"/rerank": _NATIVE,
+    b"/reranking": _NATIVE,
     b"/v1/health": _NO_BODY,
     b"/health": _NO_BODY,
     b"/props": _NO_BODY,
 }
-"""Every path crossbar forwards (the route's part of it), with its body's shape."""
+"""Every path crossbar forwards (the route's part of it), with its body's shape; and
+``/v1/models/{id}`` (:func:`shape_of`). llama-server's ``/slots``, ``/lora-adapters``
+and ``/metrics`` change or show a host's state, not a model's answer: not forwarded."""
+
+_MODEL_PREFIX = b"/v1/models/"
+
+
+def shape_of(rest: bytes) -> Shape | None:
+    """The shape of a request to ``rest`` (the route's part of the path), ``None`` for
+    a path crossbar does not forward."""
+    shape = SHAPES.get(rest)
+    if shape is None and rest.startswith(_MODEL_PREFIX) and len(rest) > len(_MODEL_PREFIX):
+        return MODEL_ENTRY
+    return shape
+
+
+def model_in_path(rest: bytes) -> str | None:
+    """The model ``GET /v1/models/{id}`` asks about (percent-decoded), if it is one."""
+    if not rest.startswith(_MODEL_PREFIX):
+        return None
+    name = unquote_to_bytes(rest[len(_MODEL_PREFIX) :])
+    try:
+        return name.decode("utf-8") or None
+    except UnicodeDecodeError:
+        return None
 
 
 def read_body(shape: Shape, body: bytes, model: str | None, conversations: bool) -> BodyFacts:
@@ -194,7 +237,17 @@ def read_body(shape: Shape, body: bytes, model: str | None, conversations: bool)
 def read_conversation(path: bytes, body: bytes, model: str | None) -> Conversation | None:
     """The conversation of a request to ``path`` (the route's part) with ``body``, for a
     request for ``model`` (the route's default filled in), or ``None``."""
-    shape = SHAPES.get(path)
+    shape = shape_of(path)
     if shape is None:
         return None
     return read_body(shape, body, model, conversations=True).conversation
+
+
+def not_found(route: str, rest: bytes) -> str:
+    """The 404 of a path of ``route`` crossbar does not forward (``rest``: the route's part),
+    naming the right one when the path is a forwarded one with ``/v1`` left out or doubled:
+    ``not found: did you mean /opencode/v1/chat/completions?``."""
+    for guess in (b"/v1" + rest, rest[3:] if rest.startswith(b"/v1/v1/") else b""):
+        if guess.startswith(b"/v1/") and shape_of(guess) is not None:
+            return f"not found: did you mean /{route}{guess.decode()}?"
+    return "not found"

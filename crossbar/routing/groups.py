@@ -36,3 +36,37 @@ def routes_down(routes: Mapping[str, RouteConfig], states: Mapping[str, HostStat
         for name, route in routes.items()
         if not any(h in states and states[h].healthy for h in route.hosts)
     ]
+
+
+REASON_CHARS = 120
+"""A host's last error is cut to this length in a client's 503."""
+
+
+def no_healthy_host(
+    route: str,
+    hosts: Sequence[str],
+    states: Mapping[str, HostState],
+    tried: Container[str] = (),
+    full: Container[str] = (),
+) -> str:
+    """The 503 of a request ``route`` found no host for, naming each of its ``hosts`` and
+    why it is out: ``no healthy host for route lab: gpu-a down (models: HTTP 404), gpu-b
+    not polled yet``. ``tried``: the hosts it failed on already; ``full``: those whose
+    every slot is busy."""
+    said = []
+    for name in hosts:
+        state = states.get(name)
+        if name in tried:
+            why = "failed this request"
+        elif name in full:
+            why = "every slot busy"
+        elif state is None or not state.polled:
+            why = "not polled yet"
+        elif state.healthy:
+            why = "healthy"
+        else:
+            err = state.last_err
+            err = err if len(err) <= REASON_CHARS else err[: REASON_CHARS - 3] + "..."
+            why = f"down ({err})" if err else "down"
+        said.append(f"{name} {why}")
+    return f"no healthy host for route {route}: {', '.join(said)}"

@@ -70,6 +70,9 @@ class RequestRecord:
     """Seconds until the answer's first content event: not its head, not a ping."""
     tokens_per_second: float | None = None
     """Generation speed, as the host timed it, else as crossbar saw the content come."""
+    reason: str | None = None
+    """Why crossbar answered it itself, in the words the client got (``unknown route``,
+    ``unauthorized: no key sent``...); ``None`` for an answer a host made."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""
@@ -80,6 +83,8 @@ class RequestRecord:
             notes.append(f"moved from {self.moved_from}")
         if self.waited is not None:
             notes.append(f"waited {self.waited * 1000:.0f}ms for a slot")
+        if self.reason is not None:
+            notes.append(self.reason)
         return notes
 
 
@@ -100,6 +105,11 @@ class Observers:
             call(record)
 
 
-def refused_record(status: int, method: bytes, path: bytes) -> RequestRecord:
-    """The record of a request refused from its head at the door (it reached no route)."""
-    return RequestRecord("-", None, status, 0.0, method=method, path=path, refused=True)
+def refused_record(
+    status: int, method: bytes, path: bytes, reason: str | None = None
+) -> RequestRecord:
+    """The record of a request refused from its head at the door (it reached no route),
+    and why, in the words it was answered."""
+    return RequestRecord(
+        "-", None, status, 0.0, method=method, path=path, refused=True, reason=reason
+    )

@@ -38,6 +38,23 @@ def _known(model: str) -> bool:
     return True
 
 
+REFUSED_AS = {400: "bad request", 401: "key", 403: "key", 404: "path", 405: "method",
+              408: "too slow", 413: "too large", 429: "limit", 431: "too large",
+              503: "no host"}  # fmt: skip
+"""Why crossbar answered a request itself, in one word by its status: a bounded label
+(the words the client got may name hosts and their errors)."""
+
+
+def refused_as(record: RequestRecord) -> str | None:
+    """Why crossbar answered ``record`` itself, no host having answered it, or ``None``
+    for a request a host served (well or not)."""
+    if record.refused:
+        return REFUSED_AS.get(record.status, "other")
+    if record.host is not None or record.status < 400 or record.status == 499:
+        return None
+    return record.shed or REFUSED_AS.get(record.status, "other")
+
+
 class MinuteSums:
     """Rows by :data:`Place`, each added to as requests end.
 
@@ -53,15 +70,23 @@ class MinuteSums:
         self.dropped = 0
         """Requests left out since the rows were last full: what a stuck store cost."""
         self._knows = knows
+        self.refused: dict[tuple[str, str, str], int] = {}
+        """Requests crossbar answered itself, by ``(route, key, why)`` (:func:`refused_as`):
+        never counted as a key's requests or tokens."""
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def add(self, record: RequestRecord, now: float) -> None:
         """One request that ended at ``now``. Without keys, usage goes to the route. One
-        refused at the door (401, 413...) used nothing, and is not counted: a stranger's
-        requests do not fill the store."""
-        if record.refused:
+        crossbar answered itself (an unknown route or path, no healthy host, a limit) is
+        counted apart in :attr:`refused`, by why; one refused at the door (401, 413...)
+        used nothing and is not counted at all: a stranger's requests do not fill memory."""
+        why = refused_as(record)
+        if why is not None:
+            if not record.refused:  # one refused at the door: a stranger's, not summed
+                place_of = (record.route, record.key or record.route, why)
+                self.refused[place_of] = self.refused.get(place_of, 0) + 1
             return
         model = record.model
         if model is None:

@@ -188,7 +188,7 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
 
 PRINTED = {
     "claude": {
-        "401": "Failed to authenticate. API Error: 401 unauthorized",
+        "401": "Failed to authenticate. API Error: 401 unauthorized: key not known",
         "404": "There's an issue with the selected model (qwen3-coder-30b). It may not exist",
         "413": "Request too large (max 32MB).",
         "502": "API Error: 502 upstream failed (host gpu-a).",
@@ -196,19 +196,17 @@ PRINTED = {
         "504": "API Error: 504 upstream timeout (host gpu-b).",
     },
     "codex": {
-        "401": 'ERROR: unexpected status 401 Unauthorized: {"error":"unauthorized"}',
-        "404": 'ERROR: unexpected status 404 Not Found: {"error":"unknown route"}',
-        "413": 'ERROR: unexpected status 413 Payload Too Large: {"error":"body too large"}',
-        "502": 'ERROR: unexpected status 502 Bad Gateway: {"error":"upstream failed",'
-        '"host":"gpu-a"}',
-        "503": 'ERROR: unexpected status 503 Service Unavailable: {"error":"no healthy host"}',
-        "504": 'ERROR: unexpected status 504 Gateway Timeout: {"error":"upstream timeout",'
-        '"host":"gpu-b"}',
+        "401": "ERROR: unexpected status 401 Unauthorized: unauthorized: key not known, url: ",
+        "404": "ERROR: unexpected status 404 Not Found: unknown route, url: ",
+        "413": "ERROR: unexpected status 413 Payload Too Large: body too large, url: ",
+        "502": "ERROR: unexpected status 502 Bad Gateway: upstream failed (host gpu-a), url: ",
+        "503": "ERROR: unexpected status 503 Service Unavailable: no healthy host, url: ",
+        "504": "ERROR: unexpected status 504 Gateway Timeout: upstream timeout (host gpu-b), url: ",
     },
 }
 """What each agent prints on each of crossbar's errors, as docs/clients.md lists it: crossbar's
-words (Claude Code's ``API Error: <status> <message>`` of Anthropic's shape, Codex's body as
-it came), but for Claude Code's own words on a 404 and a 413."""
+words (Claude Code's ``API Error: <status> <message>`` of Anthropic's shape, Codex's
+``error.message`` of llama-server's), but for Claude Code's own words on a 404 and a 413."""
 
 
 @pytest.mark.parametrize("status", list(PRINTED["claude"]))

@@ -27,6 +27,7 @@ import pytest
 
 from tests.support import Daemon, memory, start_daemon, start_simulator
 from tests.support.attack_requests import KEY, LOCKED, ROUTE, BadAnswer, Case, cases, read_answers
+from tests.support.errors import api_error
 
 SEED = int(os.environ.get("CROSSBAR_FUZZ_SEED", "11"))
 CHAT = f"/{ROUTE}/v1/chat/completions"
@@ -481,7 +482,9 @@ def test_slow_headers_and_slow_bodies(tmp_path: Path, simulator: Daemon) -> None
             assert until(lambda: all(c.closed for c in loris), HEAD_TIMEOUT + 10)
             for conn in loris:
                 assert conn.received.startswith(b"HTTP/1.1 408 "), bytes(conn.received[:200])
-                assert conn.received.endswith(b'{"error":"request head too slow"}')
+                assert conn.received.endswith(
+                    b'"message":"request head too slow","type":"invalid_request_error","code":408}}'
+                )
                 assert conn.answered is not None
                 assert HEAD_TIMEOUT <= conn.answered - conn.started < HEAD_TIMEOUT + 5
             assert streamed(port)
@@ -702,7 +705,7 @@ def test_bodies_held_at_once(tmp_path: Path, simulator: Daemon) -> None:
                     busy = answer(late)
                     assert busy.status == 503
                     assert busy.getheader("Retry-After") == "1"
-                    assert json.loads(busy.read()) == {"error": "busy"}
+                    assert json.loads(busy.read()) == api_error(503, "busy")
             for sock in first:
                 send_slowly(sock, LARGE[256 * 1024 :])
             for sock in first:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, Daemon, start_daemon, start_simulator
+from tests.support.errors import api_error
 from tests.support.npm import install_npm_package
 
 DOC = REPO / "docs" / "clients.md"
@@ -179,7 +180,7 @@ def test_curl_streams_with_the_key_and_is_refused_without(crossbar: Daemon, tmp_
 
     refused = run("curl-stream", crossbar, tmp_path, route="private", key="")
     assert "data:" not in refused.stdout
-    assert json.loads(refused.stdout) == {"error": "unauthorized"}
+    assert json.loads(refused.stdout) == api_error(401, "unauthorized: no key sent")
 
 
 # -- Node ----------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from crossbar.config import HostSettings, RouteConfig
 from crossbar.sites import CLIENT_IDLE_TIMEOUT
 from crossbar.testing import RigMaker, SimulatedHost, broken, eventually, fast, guard, rigs
 from tests.support import Blackhole, header, memory, raw_request, start_daemon
+from tests.support.errors import api_error
 
 CHAT = "/lab/v1/chat/completions"
 BODY = (
@@ -122,7 +123,7 @@ async def test_failover_follows_the_choice_rule_then_502_names_last_host(make: R
         sim.wait_request().addCallback(note, name)
     response, answer = await rig.post(CHAT, b'{"model": "tiny-b", "messages": []}')
     assert response.code == 502
-    assert json.loads(answer) == {"error": "upstream failed", "host": "gpu-a"}
+    assert json.loads(answer) == api_error(502, "upstream failed (host gpu-a)")
     assert order == ["gpu-c", "gpu-b", "gpu-a"]
     assert all(len(rig.completions(name)) == 1 for name in hosts)
     assert not any(rig.state(name).healthy for name in hosts)
@@ -140,7 +141,7 @@ async def test_failover_stops_when_the_healthy_hosts_are_exhausted(make: RigMake
     rig.sims["gpu-c"].fault = "close"
     response, answer = await rig.post(CHAT, BODY)
     assert response.code == 502
-    assert json.loads(answer) == {"error": "upstream failed", "host": "gpu-c"}
+    assert json.loads(answer) == api_error(502, "upstream failed (host gpu-c)")
     assert rig.completions("gpu-b") == []
     assert len(rig.completions("gpu-a")) == len(rig.completions("gpu-c")) == 1
 
@@ -177,7 +178,7 @@ async def test_no_retry_after_header_timeout(make: RigMaker) -> None:
     response, answer = await rig.post(CHAT, BODY, timeout=1.5)
     elapsed = reactor_().seconds() - started
     assert response.code == 504
-    assert json.loads(answer) == {"error": "upstream timeout", "host": "gpu-a"}
+    assert json.loads(answer) == api_error(504, "upstream timeout (host gpu-a)")
     assert 0.25 <= elapsed < 1.5
     assert rig.completions("gpu-b") == []
     assert rig.state("gpu-a").last_err == "marked down: no answer within 0.3s"
@@ -314,7 +315,7 @@ async def test_connect_timeout_on_the_last_host_is_504(make: RigMaker, hole: Any
     await go_dark(rig.sims["gpu-a"], hole)
     response, answer = await rig.post(CHAT, BODY)
     assert response.code == 504
-    assert json.loads(answer) == {"error": "upstream timeout", "host": "gpu-a"}
+    assert json.loads(answer) == api_error(504, "upstream timeout (host gpu-a)")
     assert not rig.state("gpu-a").healthy
 
 
@@ -394,7 +395,7 @@ async def test_idle_timeout_before_any_body_byte_is_504(make: RigMaker) -> None:
         assert rig.state("gpu-a").healthy
         response, answer = await rig.post(CHAT, BODY)
         assert response.code == 504
-        assert json.loads(answer) == {"error": "upstream timeout", "host": "gpu-a"}
+        assert json.loads(answer) == api_error(504, "upstream timeout (host gpu-a)")
         assert rig.state("gpu-a").last_err == "marked down: answer idle for 0.3s"
         await guard(stalling.closed, 1.0, "upstream connection closed")
     finally:
@@ -847,7 +848,7 @@ async def test_when_all_down_fail_answers_503(make: RigMaker) -> None:
         rig.crossbar.table.mark_down(name, "test")
     response, answer = await rig.post(CHAT, BODY)
     assert response.code == 503
-    assert json.loads(answer) == {"error": "no healthy host"}
+    assert json.loads(answer) == api_error(503, "no healthy host")
     assert rig.completions("gpu-a") == rig.completions("gpu-b") == []
 
 

@@ -34,6 +34,7 @@ from crossbar.polling.modellist import MAX_MODELS
 from crossbar.polling.poller import MAX_POLL_BODY
 from crossbar.testing import Rig, RigMaker, SimulatedHost, all_polled, fast, guard, rigs
 from tests.support import header
+from tests.support.errors import api_error
 
 CHAT = "/lab/v1/chat/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -264,8 +265,8 @@ async def still_serving(rig: Rig) -> None:
 async def refused(rig: Rig, code: int = 502, error: str = "upstream failed") -> None:
     """The request in flight on the hostile host gets crossbar's own error, in JSON."""
     response, body = await rig.post(CHAT, BODY)
-    named = {"host": "evil"} if code != 503 else {}
-    assert (response.code, json.loads(body)) == (code, {"error": error, **named})
+    words = f"{error} (host evil)" if code != 503 else error
+    assert (response.code, json.loads(body)) == (code, api_error(code, words))
 
 
 # -- answers to real requests --------------------------------------------------------------------

@@ -23,6 +23,7 @@ from crossbar.polling.health import HealthTable
 from crossbar.service import Crossbar
 from tests import support
 from tests.support import header
+from tests.support.errors import api_error
 
 Handler = Callable[[server.Request], Any]
 MAX_BODY = Limits().max_body
@@ -144,7 +145,7 @@ async def test_error_answers_are_json(rig: Rig, path: str, status: int, error: s
     response, body = await call(rig, "GET", path)
     assert response.code == status
     assert header(response, "content-type") == "application/json"
-    assert json.loads(body) == {"error": error}
+    assert json.loads(body) == api_error(status, error)
     assert all(not u.seen for u in rig.upstreams.values())
 
 
@@ -205,7 +206,7 @@ async def test_a_merged_route_with_no_healthy_host_is_503(rig: Rig) -> None:
     rig.table.mark_down("gpu-b", "test")
     response, body = await call(rig, "GET", "/all/v1/models")
     assert response.code == 503
-    assert json.loads(body) == {"error": "no healthy host"}
+    assert json.loads(body) == api_error(503, "no healthy host")
 
 
 @pytest_twisted.ensureDeferred
@@ -304,7 +305,7 @@ async def test_no_healthy_host_is_503_and_marks_nothing(rig: Rig) -> None:
     rig.table.mark_down("gpu-b", "test")
     response, body = await call(rig, "GET", "/lab/v1/models")
     assert response.code == 503
-    assert json.loads(body) == {"error": "no healthy host"}
+    assert json.loads(body) == api_error(503, "no healthy host")
 
 
 @pytest_twisted.ensureDeferred
@@ -315,7 +316,7 @@ async def test_unreachable_host_is_marked_down_and_answers_502(rig: Rig) -> None
     response, body = await call(rig, "POST", "/lab/v1/chat/completions", json={"model": "m1"})
     assert response.code == 502
     # failover tried gpu-a (has m1), then gpu-b; the answer names the last host tried
-    assert json.loads(body) == {"error": "upstream failed", "host": "gpu-b"}
+    assert json.loads(body) == api_error(502, "upstream failed (host gpu-b)")
     for name in ("gpu-a", "gpu-b"):
         state = rig.table.get(name)
         assert state is not None and not state.healthy
@@ -338,7 +339,9 @@ async def test_exactly_16_mib_passes_and_one_byte_more_is_413(rig: Rig) -> None:
     head = b"POST /lab/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
     answer = await deferToThread(raw_exchange, port, head % (MAX_BODY + 1) + body + b" ")
     assert answer.startswith(b"HTTP/1.1 413 ")
-    assert answer.endswith(b'{"error":"body too large"}')
+    assert answer.endswith(
+        b'{"error":{"message":"body too large","type":"invalid_request_error","code":413}}'
+    )
     assert len(rig.upstreams["gpu-a"].seen) == 1
 
 
@@ -367,7 +370,9 @@ async def test_oversized_upload_is_refused_before_it_is_read(rig: Rig, reactor: 
     answer = await deferToThread(raw_exchange, port, head)
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert b"100 Continue" not in answer
-    assert answer.endswith(b'{"error":"body too large"}')
+    assert answer.endswith(
+        b'{"error":{"message":"body too large","type":"invalid_request_error","code":413}}'
+    )
 
     # a chunked upload is cut off as soon as it passes the limit
     chunk = b"x" * 65536
@@ -501,7 +506,9 @@ async def test_client_that_trickles_headers_is_cut_off(rig: Rig) -> None:
     port = rig.crossbar.listener.port.getHost().port  # type: ignore[union-attr]
     answer = await deferToThread(trickle, port)
     assert answer.startswith(b"HTTP/1.1 408 ")
-    assert answer.endswith(b'\r\n\r\n{"error":"request head too slow"}')
+    assert answer.endswith(
+        b'"message":"request head too slow","type":"invalid_request_error","code":408}}'
+    )
     # a client that sends its headers in time is not affected
     response, _ = await call(rig, "GET", "/lab/v1/models")
     assert response.code == 200

@@ -26,6 +26,7 @@ from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret
 from crossbar.testing import Rig, RigMaker, SimulatedHost, broken, eventually, guard, rigs
 from crossbar.testing.rig import wait_state
 from tests.support import REPO, TWISTD, Daemon, free_port, start_daemon, start_simulator
+from tests.support.errors import api_error
 from tests.unit.test_tap import ENV
 
 CHAT = "/lab/v1/chat/completions"
@@ -314,7 +315,7 @@ async def test_a_new_route_is_served_and_a_removed_one_is_not(make: RigMaker) ->
     rig.reload(attrs.evolve(config, routes={"code": code}))
     assert (await rig.post("/code/v1/chat/completions", ASK))[0].code == 200
     answer, body = await rig.post(CHAT, ASK)
-    assert (answer.code, json.loads(body)) == (404, {"error": "unknown route"})
+    assert (answer.code, json.loads(body)) == (404, api_error(404, "unknown route"))
     status = json.loads((await rig.get("/_crossbar/status"))[1])
     assert list(status["routes"]) == ["code"]
 
@@ -530,7 +531,7 @@ async def test_reloaded_limits_hold_for_the_next_request(make: RigMaker) -> None
     assert (await rig.post(CHAT, ASK))[0].code == 200
     rig.reload(attrs.evolve(config, limits=attrs.evolve(config.limits, max_body=10)))
     answer, body = await rig.post(CHAT, ASK)
-    assert (answer.code, json.loads(body)) == (413, {"error": "body too large"})
+    assert (answer.code, json.loads(body)) == (413, api_error(413, "body too large"))
 
 
 @pytest_twisted.ensureDeferred

@@ -22,6 +22,7 @@ import attrs
 import pytest
 
 from tests.support import REPO, Daemon, accepts, free_port, start_daemon, start_simulator
+from tests.support.errors import api_error
 
 CONFIG = REPO / "contrib" / "haproxy.cfg"
 CHAT = "/lab/v1/chat/completions"
@@ -382,7 +383,10 @@ def test_with_no_replica_ready_the_live_ones_still_serve_their_healthy_routes(
             "POST", "/dark/v1/chat/completions", "{}", {"Content-Type": "application/json"}
         )
         response = refused.getresponse()
-        assert (response.status, json.loads(response.read())) == (503, {"error": "no healthy host"})
+        assert (response.status, json.loads(response.read())) == (
+            503,
+            api_error(503, "no healthy host"),
+        )
         refused.close()
 
 

@@ -37,6 +37,7 @@ from crossbar.testing.simulator.serving import QuietSite
 from crossbar.upstream import Discard, Upstreams, describe
 from tests.support import header
 from tests.support.certs import certificate, key_pem, new_key, pem
+from tests.support.errors import api_error
 
 pytestmark = pytest.mark.filterwarnings(
     # Twisted's own server side of an ssl: endpoint hands pyOpenSSL its X509 objects.
@@ -313,7 +314,7 @@ async def test_a_host_whose_certificate_fails_is_down_saying_why(
 
     url = f"http://127.0.0.1:{port_of(crossbar)}" + CHAT
     code, body, _ = await post(running.client(), url)
-    assert (code, body) == (502, {"error": "upstream failed", "host": "gpu-a"})
+    assert (code, body) == (502, api_error(502, "upstream failed (host gpu-a)"))
     state = crossbar.table.get("gpu-a")
     assert state is not None
     assert state.last_err == f"marked down: {reason}"

@@ -28,7 +28,7 @@ from twisted.logger import (
 
 from crossbar.config import ConfigError, parse_config
 from crossbar.logformat import Batches, TwistdText, as_json, json_line, writer
-from crossbar.stats.record import RequestRecord
+from crossbar.stats.record import RequestRecord, refused_record
 from tests.support import free_port, start_daemon
 
 
@@ -449,3 +449,12 @@ def test_a_json_line_is_what_the_json_module_writes_and_ascii(
         assert line.count("\n") == 1
         expected = json.dumps(json.loads(line), separators=(",", ":"))
         assert line[:-1] == expected
+
+
+def test_a_refusal_s_json_line_says_why() -> None:
+    out = io.StringIO()
+    log = Logger(namespace="crossbar.test", observer=as_json(FileLogObserver(out, str)))
+    access = refused_record(401, b"GET", b"/lab/v1/models", "unauthorized: key not known")
+    log.info("{request}", request="the text line", access=access)
+    line = json.loads(out.getvalue())
+    assert (line["status"], line["note"]) == (401, "unauthorized: key not known")

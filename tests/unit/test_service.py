@@ -13,6 +13,7 @@ import pytest
 from crossbar.config import parse_config
 from crossbar.service import announcement
 from tests.support import Daemon, demo_route_ready, free_port, start_daemon
+from tests.support.errors import api_error
 
 ROUTE = "routes:\n  lab:\n    hosts: [gpu-a]\n"
 
@@ -41,8 +42,8 @@ def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None
     )
     port = daemon.port
     try:
-        assert request(f"{daemon.url}/lab/v1/models") == (503, {"error": "no healthy host"})
-        assert request(f"{daemon.url}/nope/v1/models") == (404, {"error": "unknown route"})
+        assert request(f"{daemon.url}/lab/v1/models") == (503, api_error(503, "no healthy host"))
+        assert request(f"{daemon.url}/nope/v1/models") == (404, api_error(404, "unknown route"))
     finally:
         code, out = stop(daemon)
     assert code == 0, out
@@ -68,7 +69,10 @@ def test_keys_and_the_pages_own_port_under_twistd(tmp_path: Path) -> None:
     )
     main, own = daemon.url, f"http://127.0.0.1:{pages}"
     try:
-        assert request(main + "/lab/v1/models") == (401, {"error": "unauthorized"})
+        assert request(main + "/lab/v1/models") == (
+            401,
+            api_error(401, "unauthorized: no key sent"),
+        )
         assert request(main + "/lab/v1/models", {"X-Api-Key": "route-key-77"})[0] == 503
         assert request(main + "/_crossbar/status") == (404, {"error": "not found"})
         assert request(main + "/_crossbar/livez") == (200, {"live": True})
@@ -117,7 +121,10 @@ def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path) -> None:
             args=["--listen", f"tcp:{port}:interface=127.0.0.1"],
         )
         try:
-            assert request(f"{daemon.url}/lab/v1/models") == (503, {"error": "no healthy host"})
+            assert request(f"{daemon.url}/lab/v1/models") == (
+                503,
+                api_error(503, "no healthy host"),
+            )
         finally:
             code, out = stop(daemon)
     assert code == 0, out

@@ -117,3 +117,10 @@ def test_a_url_password_never_reaches_the_error_line(tmp_path: Path, args: tuple
         "crossbar: crossbar.yaml: hosts.gpu-a.url: must not carry credentials (give the host "
         "an api_key): 'https://admin:****@gpu-a.lab:8443'\n"
     )
+
+
+def test_version_prints_crossbar_s_own(tmp_path: Path) -> None:
+    from crossbar import __version__
+
+    result = run(tmp_path, "crossbar", "--version")
+    assert (result.returncode, result.stdout) == (0, f"crossbar {__version__}\n")

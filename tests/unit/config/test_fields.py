@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from crossbar.config import ConfigError, parse_config
 from crossbar.config.fields import (
     LISTEN_BACKLOG,
     parse_count,
@@ -196,3 +197,24 @@ def test_workers_read_the_address_of_a_plain_tcp_listen() -> None:
         tcp_address("unix:/tmp/crossbar.sock")
     with pytest.raises(ValueError, match="workers cannot use reuse"):
         tcp_address("tcp:8080:reuse=1")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://gpu-a:8080/v1", "http://gpu-a:8080/v1/", "https://h/base/v1"]
+)
+def test_a_host_url_ending_in_v1_is_refused_with_the_url_to_use(url: str) -> None:
+    """A client's base URL copied into the hosts: every poll would be a 404."""
+    base = url.rstrip("/")[:-3]
+    with pytest.raises(ValueError) as refused:
+        parse_url(url)
+    assert str(refused.value) == (
+        f"host url must not end in /v1: crossbar adds the API path itself; use {base}"
+    )
+
+
+def test_a_host_url_ending_in_v1_is_one_line_naming_file_and_key() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"hosts": {"gpu-a": "http://gpu-a:8080/v1"}, "routes": {"r": ["gpu-a"]}})
+    words = str(refused.value)
+    assert len(words.splitlines()) == 1 and "crossbar.yaml" in words and "gpu-a" in words
+    assert words.endswith("use http://gpu-a:8080")

@@ -193,6 +193,7 @@ MISTAKES = [
     (("  gpu-b: http", "  gpu b: http"), "hosts.gpu b", "must match [A-Za-z0-9._-]+"),
     (("  opencode-a:", "  open/code:"), "routes.open/code", "must match [A-Za-z0-9._-]+"),
     (("  opencode-a:", "  _crossbar:"), "routes._crossbar", "reserved"),
+    (("  opencode-a:", "  v1:"), "routes.v1", "a route named v1 would read as the API's /v1"),
     (
         ("    default_model", "    policy: fastest\n    default_model"),
         "routes.opencode-a.policy",

@@ -169,13 +169,13 @@ def test_the_limits_answers_are_in_words() -> None:
 def test_a_refusal_on_the_wire_is_json_with_its_length_and_the_connection_s_end() -> None:
     assert door.answer(NOT_ALLOWED) == (
         b"HTTP/1.1 405 Method Not Allowed\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 30\r\nConnection: close\r\nAllow: GET, HEAD, POST, DELETE, OPTIONS\r\n"
-        b'\r\n{"error":"method not allowed"}'
+        b"Content-Length: 84\r\nConnection: close\r\nAllow: GET, HEAD, POST, DELETE, OPTIONS\r\n"
+        b'\r\n{"error":{"message":"method not allowed","type":"invalid_request_error","code":405}}'
     )
     # To a HEAD: the same head, no body.
     head = door.answer(NOT_ALLOWED, head_only=True)
-    assert head == door.answer(NOT_ALLOWED)[: -len(b'{"error":"method not allowed"}')]
-    odd = door.answer(door.Refusal(429, 'too "many"'))
+    assert head == door.answer(NOT_ALLOWED).partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+    odd = door.answer(door.Refusal(429, 'too "many"'), path=b"/_crossbar/status")
     assert odd.startswith(b"HTTP/1.1 429 Refused\r\n")
     assert odd.endswith(b'\r\n\r\n{"error":"too \\"many\\""}')
 

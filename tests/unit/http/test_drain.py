@@ -164,7 +164,9 @@ async def test_a_further_request_on_a_kept_alive_connection_is_told_to_go_elsewh
     answer = await deferToThread(_read_all, sock)
     assert answer.startswith(b"HTTP/1.1 503")
     assert b"Connection: close" in answer
-    assert answer.endswith(b'{"error":"shutting down"}')
+    assert answer.endswith(
+        b'{"error":{"message":"shutting down","type":"unavailable_error","code":503}}'
+    )
     rig.crossbar.site.draining = False
 
 

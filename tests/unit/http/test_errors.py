@@ -1,26 +1,42 @@
 """crossbar.http.errors: crossbar's own errors in the shape the client's API reads, as a
 rule and on the wire: each of 401, 404, 413, 502, 503 and 504 sent through crossbar's site
 and exchange in memory (crossbar.testing.MemoryProxy), on Claude Code's, Codex's and the chat
-completions' paths. What each agent then prints is in tests/system/test_agents.py."""
+completions' paths. What each agent then prints is in tests/system/test_agents.py, what
+the OpenAI Python SDK prints in tests/system/test_sdk_errors.py."""
 
 from __future__ import annotations
 
 import json
 
+import httpx2
+import openai
 import pytest
 
 from crossbar.config import parse_config
 from crossbar.http.errors import error_payload, too_long_payload
 from crossbar.http.keys import KeyGuard
 from crossbar.testing import ClientLine, MemoryProxy
+from tests.support.errors import api_error
 
 
-def test_the_openai_apis_and_the_rest_get_the_plain_shape() -> None:
+def test_the_openai_apis_and_the_rest_get_llama_server_s_shape_with_the_words() -> None:
+    """The OpenAI SDKs print ``error.message`` of this shape, and only the status of a
+    plain string under ``error``."""
     assert error_payload(b"/v1/chat/completions", 502, "upstream failed", {"host": "gpu-a"}) == {
-        "error": "upstream failed",
-        "host": "gpu-a",
+        "error": {"message": "upstream failed (host gpu-a)", "type": "server_error", "code": 502}
     }
-    assert error_payload(b"/lab/v1/responses", 401, "unauthorized") == {"error": "unauthorized"}
+    assert error_payload(b"/lab/v1/responses", 401, "unauthorized") == api_error(
+        401, "unauthorized"
+    )
+    assert error_payload(b"/lab/props", 404, "not found")["error"] == {
+        "message": "not found",
+        "type": "not_found_error",
+        "code": 404,
+    }
+
+
+def test_crossbar_s_own_pages_keep_the_plain_shape() -> None:
+    assert error_payload(b"/_crossbar/status", 404, "not found") == {"error": "not found"}
 
 
 def test_the_messages_api_gets_anthropic_s_shape_with_the_same_words() -> None:
@@ -115,20 +131,20 @@ CAUSES = {
     504: upstream_timeout,
 }
 ANTHROPIC = {
-    401: ("authentication_error", "unauthorized"),
+    401: ("authentication_error", "unauthorized: key not known"),
     404: ("not_found_error", "unknown route"),
     413: ("request_too_large", "body too large"),
     502: ("api_error", "upstream failed (host gpu-b)"),
     503: ("overloaded_error", "no healthy host"),
     504: ("api_error", "upstream timeout (host gpu-a)"),
 }
-PLAIN = {
-    401: {"error": "unauthorized"},
-    404: {"error": "unknown route"},
-    413: {"error": "body too large"},
-    502: {"error": "upstream failed", "host": "gpu-b"},
-    503: {"error": "no healthy host"},
-    504: {"error": "upstream timeout", "host": "gpu-a"},
+OPENAI = {
+    401: api_error(401, "unauthorized: key not known"),
+    404: api_error(404, "unknown route"),
+    413: api_error(413, "body too large"),
+    502: api_error(502, "upstream failed (host gpu-b)"),
+    503: api_error(503, "no healthy host"),
+    504: api_error(504, "upstream timeout (host gpu-a)"),
 }
 
 
@@ -160,14 +176,13 @@ def test_claude_code_gets_each_of_crossbar_s_errors_in_anthropic_s_shape(
 
 @pytest.mark.parametrize("path", [RESPONSES, INPUT_TOKENS, CHAT])
 @pytest.mark.parametrize("status", sorted(CAUSES))
-def test_codex_and_the_openai_clients_get_each_of_crossbar_s_errors_as_plain_words(
+def test_codex_and_the_openai_clients_get_each_of_crossbar_s_errors_in_llama_server_s_shape(
     status: int, path: bytes
 ) -> None:
-    """Codex prints the body as it came (``unexpected status 503 Service Unavailable:
-    {"error":"no healthy host"}``), the OpenAI SDKs the ``error`` text: plain JSON."""
+    """Codex prints the body as it came, the OpenAI SDKs ``error.message``."""
     proxy = keyed_proxy()
     client = CAUSES[status](proxy, path)
-    assert answer(client) == (status, b"application/json", PLAIN[status])
+    assert answer(client) == (status, b"application/json", OPENAI[status])
 
 
 @pytest.mark.parametrize("path", [b"/v1/messages", b"/lab/v1/messages"])
@@ -200,3 +215,85 @@ def test_a_prompt_too_long_for_every_host_is_told_in_openai_s_words(
     assert error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error"
     assert words in error["message"]
+
+
+# -- what the OpenAI Python SDK shows a person ------------------------------------------------
+
+
+ALICE = "a" * 24
+
+
+def sdk(proxy: MemoryProxy, key: str = ALICE, route: str = "lab") -> openai.OpenAI:
+    """The OpenAI Python SDK, its requests sent to ``proxy`` in memory, its retries off."""
+
+    def send(request: httpx2.Request) -> httpx2.Response:
+        client = proxy.client()
+        head = [b"%s %s HTTP/1.1" % (request.method.encode(), request.url.raw_path)]
+        head += [b"%s: %s" % (k, v) for k, v in request.headers.raw if k.lower() != b"connection"]
+        client.send(b"\r\n".join(head) + b"\r\n\r\n" + request.content)
+        status_head, _, body = client.received.partition(b"\r\n\r\n")
+        status_line, *lines = status_head.split(b"\r\n")
+        headers = [tuple(line.split(b": ", 1)) for line in lines]
+        return httpx2.Response(int(status_line.split()[1]), headers=headers, content=body)
+
+    return openai.OpenAI(
+        base_url=f"http://crossbar.test/{route}/v1",
+        api_key=key,
+        max_retries=0,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(send)),
+    )
+
+
+def waiting_proxy() -> MemoryProxy:
+    """Two hosts of one slot each, ``alice`` may have two requests waiting, bodies up to 1 KiB."""
+    hosts = {f"gpu-{n}": {"url": f"http://127.0.0.1:1808{i}", "slots": 1}
+             for i, n in enumerate("ab")}  # fmt: skip
+    config = parse_config(
+        {
+            "hosts": hosts,
+            "api_keys": [{"name": "alice", "key": ALICE, "max_waiting": 2}],
+            "routes": {"lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m"}},
+            "max_body": "1KiB",
+        }
+    )
+    proxy = MemoryProxy(config, models=("m",))
+    proxy.site.guard = KeyGuard.for_config(config)
+    return proxy
+
+
+def chat(client: openai.OpenAI, text: str = "hi") -> None:
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+
+
+def test_the_openai_sdk_shows_crossbar_s_words() -> None:
+    """``str(exc)`` is what a script's traceback shows: the status and crossbar's words (a
+    plain string under ``error`` came out as ``Error code: 404`` alone)."""
+    proxy = waiting_proxy()
+    found = {}
+    for status, act in [
+        (401, lambda: chat(sdk(proxy, key="wrong-key-of-twenty-four"))),
+        (404, lambda: chat(sdk(proxy, route="nope"))),
+        (413, lambda: chat(sdk(proxy), "x" * 2000)),
+    ]:
+        with pytest.raises(openai.APIStatusError) as raised:
+            act()
+        found[status] = str(raised.value)
+    for _ in range(4):  # two hold the slots, two wait: alice's limit
+        send(proxy, CHAT, key=ALICE.encode())
+    proxy.accept(), proxy.accept()
+    with pytest.raises(openai.RateLimitError) as limited:
+        chat(sdk(proxy))
+    found[429] = str(limited.value)
+    for host in ("gpu-a", "gpu-b"):
+        proxy.table.mark_down(host, "gone")
+    with pytest.raises(openai.InternalServerError) as down:
+        sdk(proxy).models.list()
+    found[503] = str(down.value)
+    assert found == {
+        401: "Error code: 401 - unauthorized: key not known",
+        404: "Error code: 404 - unknown route",
+        413: "Error code: 413 - body too large",
+        429: found[429],
+        503: "Error code: 503 - no healthy host",
+    }
+    assert found[429].startswith("Error code: 429 - alice: 2 requests already waiting")

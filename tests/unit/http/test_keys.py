@@ -22,7 +22,13 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from crossbar.config import Config, HostConfig, RouteConfig, Secret, parse_config
 from crossbar.config.secrets import expand, offered
 from crossbar.http.admission import RawHeaders, Refusal
-from crossbar.http.keys import PAGES_UNAUTHORIZED, UNAUTHORIZED, KeyGuard
+from crossbar.http.keys import (
+    NO_KEY,
+    NOT_BEARER,
+    PAGES_UNAUTHORIZED,
+    UNKNOWN_KEY,
+    KeyGuard,
+)
 from crossbar.http.listener import CannotListen
 from crossbar.pages.peers import WorkerInfo
 from crossbar.service import Crossbar
@@ -92,28 +98,40 @@ def test_a_route_with_keys_lets_in_a_head_with_one_of_them(headers: RawHeaders) 
 
 
 @pytest.mark.parametrize(
-    "headers",
+    ("headers", "refusal"),
     [
-        [],
-        auth(b"Bearer "),
-        api_key(b""),
-        auth(b"Bearer wrong"),
-        auth(b"Bearer LAB-KEY-A"),  # a key is compared exactly
-        auth(b"Bearer lab-key"),  # a prefix of a key
-        auth(b"Bearer lab-key-ab"),  # a key and more
-        auth(b"Bearer lab-key-a lab-key-b"),
-        auth(b"Basic lab-key-a"),
-        auth(b"Bearer team"),  # another route's key
-        auth(b"Bearer st"),  # a status key
-        [(b"Proxy-Authorization", [b"Bearer lab-key-a"])],
+        ([], NO_KEY),
+        (auth(b"Bearer "), NO_KEY),  # an empty key is none
+        (api_key(b""), NO_KEY),
+        (auth(b"Bearer wrong"), UNKNOWN_KEY),
+        (auth(b"Bearer LAB-KEY-A"), UNKNOWN_KEY),  # a key is compared exactly
+        (auth(b"Bearer lab-key"), UNKNOWN_KEY),  # a prefix of a key
+        (auth(b"Bearer lab-key-ab"), UNKNOWN_KEY),  # a key and more
+        (auth(b"Bearer lab-key-a lab-key-b"), UNKNOWN_KEY),
+        (auth(b"Basic lab-key-a"), NOT_BEARER),
+        (auth(b"lab-key-a"), NOT_BEARER),
+        (auth(b"Bearer team"), UNKNOWN_KEY),  # another route's key
+        (auth(b"Bearer st"), UNKNOWN_KEY),  # a status key
+        ([(b"Proxy-Authorization", [b"Bearer lab-key-a"])], NO_KEY),
     ],
 )
-def test_a_route_with_keys_refuses_any_other_head(headers: RawHeaders) -> None:
-    refusal = KeyGuard.for_config(keyed_config())(CHAT, headers)
-    assert refusal == UNAUTHORIZED
-    assert (refusal.status, refusal.error) == (401, "unauthorized")
+def test_a_route_with_keys_refuses_any_other_head_saying_why(
+    headers: RawHeaders, refusal: Refusal
+) -> None:
+    assert KeyGuard.for_config(keyed_config())(CHAT, headers) == refusal
+    assert refusal.status == 401
     assert refusal.headers == ((b"WWW-Authenticate", b"Bearer"),)
     assert refusal.close  # the body that may follow is never read
+
+
+def test_a_401_says_why_in_words_and_never_echoes_the_key() -> None:
+    assert NO_KEY.error == "unauthorized: no key sent"
+    assert UNKNOWN_KEY.error == "unauthorized: key not known"
+    assert NOT_BEARER.error == (
+        "unauthorized: Authorization without Bearer (send Authorization: Bearer <key>)"
+    )
+    refused = KeyGuard.for_config(keyed_config())(CHAT, auth(b"Basic lab-key-a"))
+    assert isinstance(refused, Refusal) and "lab-key-a" not in refused.error
 
 
 def test_the_guard_names_the_key_that_let_a_head_in() -> None:
@@ -121,7 +139,7 @@ def test_the_guard_names_the_key_that_let_a_head_in() -> None:
     keys = KeyGuard.for_config(keyed_config())
     assert keys(CHAT, auth(b"Bearer lab-key-b")) is KEY_B
     assert keys(CHAT, [(b"X-Api-Key", [b"wrong"]), *auth(b"Bearer lab-key-a")]) is KEY_A
-    assert keys(CHAT, auth(b"Bearer team")) == UNAUTHORIZED
+    assert keys(CHAT, auth(b"Bearer team")) == UNKNOWN_KEY
     assert keys(b"/open/v1/models", auth(b"Bearer lab-key-a")) is None
 
 
@@ -137,9 +155,9 @@ def test_a_route_that_is_not_there_needs_some_route_s_key() -> None:
     answers 404 as for everyone when no route has keys."""
     keys = KeyGuard.for_config(keyed_config())
     for path in (b"/nope/v1/models", b"/l\xd0\xb0b/v1/x", b"/lab2", b"/_crossbarx/v1/x"):
-        assert keys(path, []) == UNAUTHORIZED
+        assert keys(path, []) == NO_KEY
         assert not isinstance(keys(path, auth(b"Bearer team")), Refusal)  # let in
-        assert keys(path, auth(b"Bearer st")) == UNAUTHORIZED
+        assert keys(path, auth(b"Bearer st")) == UNKNOWN_KEY
     assert keys(b"/", []) is None  # no route named: the proxy's 400
     assert keys(b"//lab/v1/models", []) is None
     open_only = KeyGuard.for_config(keyed_config(routes={"open": RouteConfig("open", (), None)}))
@@ -177,7 +195,7 @@ def test_a_load_balancer_asks_livez_and_readyz_without_a_key(path: bytes) -> Non
 def test_a_main_port_that_serves_only_the_probes_guards_no_page() -> None:
     keys = KeyGuard.for_config(keyed_config(), "probes")
     assert keys(b"/_crossbar/status", []) is None  # a 404 there: nothing to guard
-    assert keys(CHAT, []) == UNAUTHORIZED  # the routes' keys still hold
+    assert keys(CHAT, []) == NO_KEY  # the routes' keys still hold
 
 
 @pytest.mark.parametrize(
@@ -217,7 +235,7 @@ def test_keys_from_the_environment_and_the_top_level_list(monkeypatch: pytest.Mo
     keys = KeyGuard.for_config(config)
     assert isinstance(keys(CHAT, auth(b"Bearer from-env")), Secret)
     assert isinstance(keys(CHAT, api_key(b"literal-key")), Secret)
-    assert keys(CHAT, auth(b"Bearer ${CROSSBAR_TEAM_KEY}")) == UNAUTHORIZED
+    assert keys(CHAT, auth(b"Bearer ${CROSSBAR_TEAM_KEY}")) == UNKNOWN_KEY
     assert keys(b"/own/v1/models", []) is None  # an empty list of its own: open
 
 
@@ -262,6 +280,9 @@ def raw(port: int, data: bytes) -> bytes:
         return answer
 
 
+WORDS_401_END = b'"type":"authentication_error","code":401}}'
+
+
 def credentials_seen(sim: SimulatedHost) -> list[dict[str, str]]:
     return [
         {k: v for k, v in r.headers.items() if k in ("authorization", "x-api-key")}
@@ -282,7 +303,7 @@ async def test_a_request_without_a_key_is_refused_before_its_body_is_sent_or_rea
         assert answer.startswith(b"HTTP/1.1 401 ")
         assert b"\r\nWWW-Authenticate: Bearer\r\n" in answer
         assert b"100 Continue" not in answer  # never invited to send the body
-        assert answer.endswith(b'\r\n\r\n{"error":"unauthorized"}')
+        assert answer.endswith(b'{"error":{"message":"unauthorized: no key sent",' + WORDS_401_END)
         # One that sends a large body anyway reads its 401 all the same.
         wrong = head.replace(b"Expect: 100-continue", b"Authorization: Bearer lab-key-b")
         answer = await deferToThread(raw, rig.port, wrong + b"x" * 1_000_000)

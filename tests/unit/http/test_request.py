@@ -20,6 +20,7 @@ from crossbar.http.site import Site
 from crossbar.http.timers import http_date
 from tests.support import doors
 from tests.support.doors import Door, chunked, get, post
+from tests.support.errors import api_error
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_a_body_announced_over_max_body_is_413_before_it_is_read() -> None:
     ok, over = d.connect(), d.connect()
     ok.send(post(body=b"x" * 10))
     over.send(post(body=b"x" * 11, extra=b"Expect: 100-continue\r\n")[:-11])
-    assert over.refusal()[::2] == (413, {"error": "body too large"})
+    assert over.refusal()[::2] == (413, api_error(413, "body too large"))
     assert b"100 Continue" not in over.answer and over.closed
     assert len(d.proxy.rendered) == 1
 
@@ -119,7 +120,7 @@ def test_a_chunked_upload_is_cut_off_as_soon_as_it_passes_max_body() -> None:
     conn.send(doors.CHUNKED_HEAD + chunked(b"x" * 6, end=False))
     assert conn.answer == b""
     conn.send(chunked(b"y" * 5))
-    assert conn.refusal()[::2] == (413, {"error": "body too large"})
+    assert conn.refusal()[::2] == (413, api_error(413, "body too large"))
     assert d.site.body_memory == 0 and d.rendered == []
 
 
@@ -129,7 +130,7 @@ def test_bodies_held_at_once_are_capped_and_released_when_each_request_ends() ->
     first.send(post(body=b"x" * 60))
     second.send(post(body=b"x" * 60)[:-60])  # refused before its body is sent
     status, headers, body = second.refusal()
-    assert (status, body, headers[b"retry-after"]) == (503, {"error": "busy"}, b"1")
+    assert (status, body, headers[b"retry-after"]) == (503, api_error(503, "busy"), b"1")
     assert d.site.body_memory == 60
 
     # Answered: the body is no longer held.
@@ -156,7 +157,7 @@ def test_chunked_bodies_count_as_they_arrive() -> None:
     conn.send(doors.CHUNKED_HEAD + chunked(b"y" * 40, end=False))
     assert d.site.body_memory == 90 and conn.answer == b""
     conn.send(chunked(b"z" * 20))
-    assert conn.refusal()[::2] == (503, {"error": "busy"})
+    assert conn.refusal()[::2] == (503, api_error(503, "busy"))
     assert d.site.body_memory == 50  # what the refused one held is let go at once
 
     ok = d.connect()

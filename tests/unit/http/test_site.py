@@ -51,11 +51,15 @@ from tests.support.doors import (
     peer,
     post,
 )
+from tests.support.errors import api_error
 
 
 @pytest.fixture
 def d() -> Door:
     return door()
+
+
+TYPE_400S = b'"type":"invalid_request_error","code":%d}}'
 
 
 # -- the door's rules, as a client meets them -------------------------------------------------
@@ -65,7 +69,7 @@ def test_a_refusal_is_json_with_its_headers_and_ends_the_connection(d: Door) -> 
     conn = d.connect()
     conn.send(get(b"/lab/v1/models", b"PUT"))
     status, headers, body = conn.refusal()
-    assert status == 405 and body == {"error": "method not allowed"}
+    assert status == 405 and body == api_error(405, "method not allowed")
     assert headers[b"content-type"] == b"application/json"
     assert headers[b"allow"] == b"GET, HEAD, POST, DELETE, OPTIONS"
     assert headers[b"connection"] == b"close"
@@ -107,7 +111,7 @@ def test_what_the_door_or_twisted_s_parser_refuses_is_400_and_closed(
     conn.send(request_bytes)
     status, headers, body = conn.refusal()
     # twisted.web's own refusals (conflicting lengths, a NUL) come out in the same shape.
-    assert (status, body) == (400, {"error": error or "bad request"})
+    assert (status, body) == (400, api_error(400, error or "bad request"))
     assert headers[b"connection"] == b"close" and conn.closed
     assert d.rendered == []
 
@@ -123,7 +127,7 @@ def test_a_header_line_over_16_kib_is_answered_431(d: Door) -> None:
     conn = d.connect()
     conn.send(get(CHAT, extra=b"X-Big: " + b"a" * 20_000 + b"\r\n"))
     status, headers, body = conn.refusal()
-    assert (status, body) == (431, {"error": "request header line too long"})
+    assert (status, body) == (431, api_error(431, "request header line too long"))
     assert conn.answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
     assert headers[b"connection"] == b"close" and conn.closed
     assert d.rendered == []
@@ -144,7 +148,7 @@ CLEAN = post(extra=b"X-A: b\r\nX-B:  c \r\n")
 def test_a_fold_or_two_hosts_are_found_however_the_bytes_are_split(
     whole: bytes, error: str | None
 ) -> None:
-    expected = {"error": error or "more than one Host header"}
+    expected = api_error(400, error or "more than one Host header")
     for cut in range(1, len(whole)):
         d = door()
         conn = d.connect()
@@ -177,7 +181,7 @@ def test_a_head_request_is_refused_without_a_body(d: Door) -> None:
     conn.send(get(b"/lab/../x", b"HEAD"))
     assert conn.answer.startswith(b"HTTP/1.1 400 ")
     assert conn.answer.endswith(b"\r\n\r\n")
-    assert b"content-length: 39" in conn.answer.lower()  # the length a GET would get
+    assert b"content-length: 93" in conn.answer.lower()  # the length a GET would get
 
 
 def test_one_line_is_logged_for_a_refusal_without_the_query(d: Door) -> None:
@@ -187,8 +191,8 @@ def test_one_line_is_logged_for_a_refusal_without_the_query(d: Door) -> None:
         d.connect().send(get(b"/lab/v1/\x1bmodels"))  # twisted.web refuses the line
     finally:
         logs.close()
-    assert logs.matching("405") == ["- - PUT /lab/v1/models 405 0ms"]
-    assert logs.matching("400") == ["- - - - 400 0ms"]
+    assert logs.matching("405") == ["- - PUT /lab/v1/models 405 0ms (method not allowed)"]
+    assert logs.matching("400") == ["- - - - 400 0ms (bad request)"]
     assert not logs.matching("secret")
 
 
@@ -226,7 +230,7 @@ def test_the_guard_s_refusal_is_answered_and_its_body_never_invited() -> None:
     conn = d.connect()
     conn.send(post(body=b"x" * 100, extra=b"Expect: 100-continue\r\n")[:-100])
     status, headers, body = conn.refusal()
-    assert (status, body) == (401, {"error": "unauthorized"})
+    assert (status, body) == (401, api_error(401, "unauthorized"))
     assert headers[b"www-authenticate"] == b"Bearer"
     assert b"100 Continue" not in conn.answer and conn.closed
 
@@ -261,7 +265,7 @@ def test_a_body_not_complete_in_body_timeout_after_the_head_is_408() -> None:
     conn.send(b"xx")  # bytes arriving do not start the deadline again
     assert conn.answer == b""
     d.clock.advance(1)
-    assert conn.refusal()[::2] == (408, {"error": "request body too slow"})
+    assert conn.refusal()[::2] == (408, api_error(408, "request body too slow"))
     assert conn.closed and d.rendered == [] and d.site.body_memory == 0
 
 
@@ -390,7 +394,7 @@ def test_a_new_connection_that_sends_nothing_is_answered_408_after_head_timeout(
         d.clock.advance(0.1)
     finally:
         logs.close()
-    assert conn.refusal()[::2] == (408, {"error": "no request sent"})
+    assert conn.refusal()[::2] == (408, api_error(408, "no request sent"))
     assert conn.closed and d.rendered == []
     assert d.site.refused_requests == {(408, "no request sent"): 1}
     assert logs.lines == []  # no request, no access line: the metrics count it
@@ -404,7 +408,7 @@ def test_the_first_byte_starts_the_head_s_own_deadline() -> None:
     d.clock.advance(29)
     assert conn.answer == b""
     d.clock.advance(1)
-    assert conn.refusal()[::2] == (408, {"error": "request head too slow"})
+    assert conn.refusal()[::2] == (408, api_error(408, "request head too slow"))
 
 
 def test_between_requests_a_kept_alive_connection_waits_for_the_idle_timeout() -> None:
@@ -583,7 +587,7 @@ async def test_a_client_that_sends_a_refused_upload_reads_its_answer(
     head = get(CHAT, b"PUT", extra=b"Content-Length: %d\r\n" % (10 * MiB))
     answer, sent = await deferToThread(upload_then_read, served.address, head + b"x" * 10 * MiB)
     assert sent and answer.startswith(b"HTTP/1.1 405 ")
-    assert answer.endswith(b'{"error":"method not allowed"}')
+    assert answer.endswith(b'{"error":{"message":"method not allowed",' + TYPE_400S % 405)
     assert served.site.body_memory == 0 and served.proxy.rendered == []
 
 
@@ -591,7 +595,9 @@ async def test_a_client_that_sends_a_refused_upload_reads_its_answer(
 async def test_twisted_s_own_400_closes_the_connection(served: Served) -> None:
     bad = b"POST /lab/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
     answer, _ = await deferToThread(upload_then_read, served.address, bad + get(CHAT))
-    assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(b'{"error":"bad request"}')
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(
+        b'{"error":{"message":"bad request",' + TYPE_400S % 400
+    )
     assert served.proxy.rendered == []
 
 
@@ -643,7 +649,7 @@ def slow_body(address: tuple[str, int]) -> tuple[bytes, float]:
 async def test_a_slow_body_is_answered_408_and_closed(served: Served) -> None:
     answer, seconds = await deferToThread(slow_body, served.address)
     assert answer.startswith(b"HTTP/1.1 408 ")
-    assert answer.endswith(b'{"error":"request body too slow"}')
+    assert answer.endswith(b'{"error":{"message":"request body too slow",' + TYPE_400S % 408)
     assert 0.25 < seconds < 2
 
 
@@ -686,7 +692,7 @@ def silent_then_asked(address: tuple[str, int]) -> tuple[bytes, float]:
 async def test_a_silent_connection_is_answered_408_after_head_timeout(served: Served) -> None:
     answer, seconds = await deferToThread(silent_then_asked, served.address)
     assert answer.startswith(b"HTTP/1.1 408 ")
-    assert answer.endswith(b'{"error":"no request sent"}')
+    assert answer.endswith(b'{"error":{"message":"no request sent",' + TYPE_400S % 408)
     assert 0.25 < seconds < 2
 
 

@@ -14,6 +14,7 @@ from crossbar.pages.app import StatusApp
 from crossbar.stats.metrics import Metrics
 from crossbar.stats.window import RecentTraffic
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
+from tests.support.errors import api_error
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -113,7 +114,7 @@ def test_every_host_failing_before_the_head_is_a_502(proxy: MemoryProxy) -> None
     proxy.refuse()
     proxy.refuse()
     status, error = json_answer(client)
-    assert (status, error) == (502, {"error": "upstream failed", "host": "gpu-b"})
+    assert (status, error) == (502, api_error(502, "upstream failed (host gpu-b)"))
 
 
 def test_a_kept_alive_connection_the_host_closed_is_retried_once_on_a_new_one(
@@ -212,7 +213,7 @@ def test_no_head_within_header_timeout_is_a_504_and_never_tried_elsewhere(
     assert client.received == b""
     proxy.clock.advance(1)
     status, error = json_answer(client)
-    assert (status, error) == (504, {"error": "upstream timeout", "host": "gpu-a"})
+    assert (status, error) == (504, api_error(504, "upstream timeout (host gpu-a)"))
     assert host.closed and proxy.waiting == []
 
 
@@ -234,7 +235,7 @@ def test_a_host_quiet_after_its_head_and_before_any_body_is_a_504(proxy: MemoryP
     host.send(HEAD)
     proxy.clock.advance(30)
     status, error = json_answer(client)
-    assert (status, error) == (504, {"error": "upstream timeout", "host": "gpu-a"})
+    assert (status, error) == (504, api_error(504, "upstream timeout (host gpu-a)"))
     assert host.closed
 
 
@@ -271,7 +272,7 @@ def test_paths_crossbar_does_not_forward_are_answered_here(
     proxy: MemoryProxy, path: bytes, status: int, error: str
 ) -> None:
     client = ask(proxy, path=path)
-    assert json_answer(client) == (status, {"error": error})
+    assert json_answer(client) == (status, api_error(status, error))
     assert proxy.waiting == []
 
 
@@ -365,7 +366,7 @@ def test_a_request_for_star_gets_crossbar_s_own_json_answer(
 ) -> None:
     client = proxy.client()
     client.send(method + b" * HTTP/1.1\r\nHost: c\r\n\r\n")
-    assert json_answer(client) == (400, {"error": "missing route"})
+    assert json_answer(client) == (400, api_error(400, "missing route"))
 
 
 # -- what the answer says of its work -----------------------------------------------------

@@ -77,7 +77,13 @@ def test_every_field_of_the_record_comes_from_what_the_exchange_knew() -> None:
         "generated_tokens": 85,
         "first_token": 0.25,
         "tokens_per_second": 41.5,
+        "reason": None,
     }
+
+
+def test_the_words_of_an_answer_crossbar_made_are_its_reason() -> None:
+    """An exchange that keeps the words it answered with (``reason``) has them logged."""
+    assert ended(reason="no healthy host").reason == "no healthy host"
 
 
 def test_a_client_that_left_before_the_end_is_a_499_and_a_cut_answer_says_so() -> None:

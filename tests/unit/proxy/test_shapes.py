@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from crossbar.proxy.shapes import CHAT, COMPLETION, SHAPES, read_body, read_conversation
+from crossbar.proxy.shapes import (
+    CHAT,
+    COMPLETION,
+    SHAPES,
+    model_in_path,
+    not_found,
+    read_body,
+    read_conversation,
+    shape_of,
+)
 
 MESSAGES = [
     {"role": "system", "content": "You are a careful coding agent."},
@@ -35,6 +44,20 @@ def body(**fields: object) -> bytes:
         (b"/v1/models", True),
         (b"/health", True),
         (b"/props", True),
+        (b"/v1/models/qwen3-4b", True),  # the SDKs' models.retrieve
+        (b"/v1/models/org%2Fmodel", True),
+        (b"/completion", True),  # llama-server's own stateless endpoints
+        (b"/completions", True),
+        (b"/infill", True),
+        (b"/tokenize", True),
+        (b"/detokenize", True),
+        (b"/apply-template", True),
+        (b"/embedding", True),
+        (b"/embeddings", True),
+        (b"/rerank", True),
+        (b"/reranking", True),
+        (b"/v1/rerank", True),
+        (b"/v1/reranking", True),
         # llama-server's resumable stream sessions: never through a shared proxy
         (b"/v1/stream", False),
         (b"/v1/streams/lookup", False),
@@ -42,6 +65,9 @@ def body(**fields: object) -> bytes:
         (b"/v1/", False),
         (b"/v1/anything-else", False),
         (b"/slots", False),
+        (b"/slots/0", False),
+        (b"/lora-adapters", False),
+        (b"/v1/models/", False),
         (b"/metrics", False),
         (b"/health/x", False),
         (b"/models/load", False),
@@ -49,7 +75,7 @@ def body(**fields: object) -> bytes:
     ],
 )
 def test_only_the_paths_in_the_table_are_forwarded(rest: bytes, forwarded: bool) -> None:
-    assert (rest in SHAPES) is forwarded
+    assert (shape_of(rest) is not None) is forwarded
 
 
 def test_the_model_and_the_stream_flag_are_read() -> None:
@@ -129,3 +155,33 @@ def test_the_answer_s_token_limit_is_read_in_the_same_pass(
     body = json.dumps({"model": "m", "messages": [], "input": "hi", **fields}).encode()
     for conversations in (False, True):
         assert read_body(SHAPES[path], body, None, conversations).reply_limit == limit
+
+
+@pytest.mark.parametrize(
+    ("rest", "words"),
+    [
+        (b"/chat/completions", "not found: did you mean /opencode/v1/chat/completions?"),
+        (b"/v1/v1/messages", "not found: did you mean /opencode/v1/messages?"),
+        (b"/models", "not found: did you mean /opencode/v1/models?"),
+        (b"/v1/stream", "not found"),  # never forwarded, however spelled
+        (b"/v1/v1/stream", "not found"),
+        (b"/nothing", "not found"),
+    ],
+)
+def test_a_wrong_path_names_the_route_s_right_one(rest: bytes, words: str) -> None:
+    assert not_found("opencode", rest) == words
+
+
+def test_a_model_entry_is_asked_of_a_host_by_the_model_in_its_path() -> None:
+    assert model_in_path(b"/v1/models/qwen3-4b") == "qwen3-4b"
+    assert model_in_path(b"/v1/models/org%2Fmodel") == "org/model"
+    assert model_in_path(b"/v1/models/%ff") is None
+    assert model_in_path(b"/v1/models") is None
+
+
+def test_a_native_completion_is_placed_by_its_prompt_like_v1_completions() -> None:
+    native = read_body(SHAPES[b"/completion"], body(model="m", prompt="def f():", n_predict=8),
+                       None, conversations=True)  # fmt: skip
+    api = read_body(COMPLETION, body(model="m", prompt="def f():"), None, conversations=True)
+    assert native.peek.model == "m" and native.reply_limit == 8
+    assert native.conversation == api.conversation is not None

@@ -11,6 +11,7 @@ from crossbar.config import parse_config
 from crossbar.queueing import Flow, Go, Queued, Refused
 from crossbar.queueing.waits import KEEP
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
+from tests.support.errors import api_error
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 ALICE, BOB = "a" * 24, "b" * 24
@@ -90,8 +91,9 @@ def test_past_a_holder_s_max_waiting_the_answer_is_429_in_words() -> None:
     third = ask(memory)
     head, _, body = third.received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 429") and b"retry-after:" in head.lower()
-    assert json.loads(body) == {"error": json.loads(body)["error"]}
-    assert json.loads(body)["error"].startswith("alice: 2 requests already waiting")
+    error = json.loads(body)["error"]
+    assert error == api_error(429, error["message"])["error"]
+    assert error["message"].startswith("alice: 2 requests already waiting")
 
 
 def test_a_wait_past_wait_timeout_is_answered_429() -> None:
@@ -162,7 +164,7 @@ def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them()
     for client in (kept, stopped):
         head, _, body = client.received.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503")
-        assert json.loads(body) == {"error": "crossbar is stopping"}
+        assert json.loads(body) == api_error(503, "crossbar is stopping")
     assert memory.traffic.queue.waiting() == 0
 
 

@@ -12,7 +12,7 @@ import pytest
 from crossbar.config import Policy, RouteConfig, WhenAllDown
 from crossbar.polling.health import HostState
 from crossbar.routing.affinity import Conversations, Placement
-from crossbar.routing.groups import routes_down
+from crossbar.routing.groups import no_healthy_host, routes_down
 from crossbar.routing.policies import REGISTRY, Ask, CacheAffinity, Conversation, RoundRobin
 from crossbar.routing.rendezvous import rendezvous
 
@@ -303,3 +303,23 @@ def test_no_healthy_host_leaves_a_conversation_to_when_all_down() -> None:
     r = route("a", policy="cache_affinity", when_all_down="try_all")
     assert place(r, None, states, {}, Conversations(), KEYS[0], 0.0) is None
     assert choose_for_route(r, None, states, {}, 0) == "a"
+
+
+def test_a_503_names_each_host_of_the_route_and_why_it_is_out() -> None:
+    states = {
+        "gpu-a": HostState("gpu-a", "http://a", polled=True, last_err="models: HTTP 404"),
+        "gpu-b": HostState("gpu-b", "http://b", polled=True, healthy=True),
+        "gpu-c": HostState("gpu-c", "http://c", polled=True, healthy=True),
+        "gpu-d": HostState("gpu-d", "http://d"),
+        "gpu-e": HostState("gpu-e", "http://e", polled=True, last_err="x" * 500),
+    }
+    words = no_healthy_host(
+        "r", ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"], states, tried=["gpu-b"], full=["gpu-c"]
+    )
+    assert words == (
+        "no healthy host for route r: gpu-a down (models: HTTP 404), gpu-b failed this request,"
+        f" gpu-c every slot busy, gpu-d not polled yet, gpu-e down ({'x' * 117}...)"
+    )
+    assert (
+        no_healthy_host("r", ["gpu-f"], {}) == "no healthy host for route r: gpu-f not polled yet"
+    )

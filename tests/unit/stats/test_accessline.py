@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crossbar.stats import accessline
-from crossbar.stats.accessline import printable
+from crossbar.stats.accessline import access_line, printable
+from crossbar.stats.record import refused_record
 
 
 @pytest.mark.parametrize(
@@ -45,3 +46,11 @@ def test_printable_is_the_same_whether_or_not_it_was_seen(raw: bytes, limit: int
     fresh = printable(raw, limit)
     printable(raw, 300)
     assert printable(raw, limit) == fresh
+
+
+def test_a_refusal_s_line_says_why() -> None:
+    """The words the client got, never the key it sent."""
+    record = refused_record(401, b"POST", b"/lab/v1/chat/completions", "unauthorized: no key sent")
+    assert access_line(record) == (
+        "- - POST /lab/v1/chat/completions 401 0ms (unauthorized: no key sent)"
+    )

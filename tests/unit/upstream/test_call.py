@@ -16,6 +16,7 @@ from twisted.web.client import ResponseNeverReceived
 from crossbar.proxy import exchange
 from crossbar.testing import MemoryProxy
 from crossbar.upstream import Call
+from tests.support.errors import api_error
 from tests.unit.proxy.test_exchange import HEAD, ask, config
 
 
@@ -139,4 +140,4 @@ def test_an_error_of_crossbar_s_own_on_the_host_s_head_is_a_500_in_words(
     proxy.accept().send(HEAD)
     head, _, body = client.received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 500 ")
-    assert json.loads(body) == {"error": "internal error"}
+    assert json.loads(body) == api_error(500, "internal error")

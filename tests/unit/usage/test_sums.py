@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from crossbar.stats.record import RequestRecord
-from crossbar.usage.sums import COUNTS, MinuteSums
+from crossbar.usage.sums import COUNTS, MinuteSums, refused_as
 
 
 def used(**fields: object) -> RequestRecord:
@@ -42,7 +42,7 @@ def test_names_are_bounded_as_the_metrics_bound_them() -> None:
     ``(none)``."""
     sums = MinuteSums(lambda model: model == "m")
     sums.add(used(model="x" * 100_000), 0)
-    sums.add(used(key=None, host=None, model=None, status=401), 0)
+    sums.add(used(key=None, host=None, model=None, status=200), 0)  # a merged model list
     assert set(sums.rows) == {
         (0, "lab", "gpu-a", "(other)", "alice"),
         (0, "lab", "-", "(none)", "lab"),
@@ -98,3 +98,28 @@ def test_a_request_refused_at_the_door_used_nothing() -> None:
     sums = MinuteSums()
     sums.add(RequestRecord("lab", None, 401, 0.0, refused=True), 0)
     assert not sums
+
+
+def test_what_crossbar_answered_itself_is_counted_apart_by_why_never_as_served() -> None:
+    """An unknown path, no healthy host, a limit: no key's request, no tokens."""
+    sums = MinuteSums()
+    sums.add(used(host=None, model=None, status=404), 0)
+    sums.add(used(host=None, status=503), 0)
+    sums.add(RequestRecord("lab", None, 429, 0.0, model="m", shed="limit", key="alice"), 0)
+    sums.add(RequestRecord("lab", None, 503, 0.0, model="m", shed="timeout", key="alice"), 0)
+    sums.add(RequestRecord("-", None, 404, 0.0), 0)  # an unknown route
+    assert not sums.rows
+    assert sums.refused == {
+        ("lab", "alice", "path"): 1,
+        ("lab", "alice", "no host"): 1,
+        ("lab", "alice", "limit"): 1,
+        ("lab", "alice", "timeout"): 1,
+        ("-", "-", "path"): 1,
+    }
+
+
+def test_a_host_s_answer_is_served_whatever_its_status() -> None:
+    assert refused_as(used(status=404)) is None  # the host's own 404 (a model it lacks)
+    assert refused_as(used(status=502)) is None
+    assert refused_as(used(host=None, status=499)) is None  # left while waiting
+    assert refused_as(RequestRecord("lab", None, 401, 0.0, refused=True)) == "key"
