@@ -130,7 +130,8 @@ class Exchange:
             flow, counted = outcome.flow, outcome.flow is not None
             if flow is None:  # who it is, for fairness (a popped one is known already)
                 head = self.request.requestHeaders.getAllRawHeaders()
-                flow = flow_of(route, head, demand.client, door_key(self.request))
+                trusted = proxy.config.trusted_proxies  # the client it forwards, behind one
+                flow = flow_of(route, head, demand.client, door_key(self.request), trusted)
             admitted = waits.admit(
                 self, route, demand.model, flow, demand.conversation,
                 tried=exclude, waited=outcome.waited is not None, counted=counted,

@@ -109,7 +109,10 @@ class Waits:
         past a limit). Only a request's first try may wait: ``tried`` (hosts that failed
         it) and ``waited`` (it was dispatched from the queue) go on at once. ``counted``:
         its flow's share counts it already (else it does from now on)."""
-        if not tried and not waited and self._must_wait(route, model, (), conversation):
+        first = not tried and not waited
+        if first and (
+            not self.queue.may_start(flow) or self._must_wait(route, model, (), conversation)
+        ):  # past its max_in_flight it waits, free slots or not
             placed = self._wait(waiter, route, model, flow, conversation)
             return placed if isinstance(placed, Refused) else Queued(placed)
         look = waited or not self.traffic.policies.of(route).reads_conversations
@@ -193,6 +196,11 @@ class Waits:
         limit = PoolLimit(route.name, route.max_waiting)
         home = self._home(route, model, conversation)
         pool = (route.name, model) if home is None else (route.name, model, home)
+        made = self.queue.make_room(flow, limit, now)  # the biggest holder's newest gives way
+        if made is not None:
+            self._held.pop(made[0].seq, None)
+            self._unhome(made[0].seq)
+            made[0].item.shed(made[1])
         placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
         if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a
             self.clock.callLater(0, self._release, flow.name)  # rule) once it is queued
@@ -229,8 +237,9 @@ class Waits:
         if route is None or not self._must_wait(route, pool[1], ()):
             waiting.item.dispatched(now - waiting.arrived)
             return
+        limit = PoolLimit(route.name, route.max_waiting)  # still counted in its route's room
         placed = self.queue.push(
-            pool, waiting.flow, waiting.item, now, waiting.deadline, arrived=waiting.arrived
+            pool, waiting.flow, waiting.item, now, waiting.deadline, limit, waiting.arrived
         )
         if isinstance(placed, Refused):  # a reload lowered its key's max_waiting meanwhile
             waiting.item.shed(placed)
