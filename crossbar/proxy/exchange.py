@@ -40,10 +40,11 @@ from crossbar.http import (
 from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
-from crossbar.proxy.outcome import Outcome, door_key
+from crossbar.proxy.outcome import Outcome
+from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
 from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
 from crossbar.proxy.relay import StreamBody
-from crossbar.queueing import Flow, Queued, Refused, Waiter, Waiting, flow_of
+from crossbar.queueing import Flow, Queued, Refused, Waiter, Waiting
 from crossbar.routing import Ask
 from crossbar.upstream import Call, Discard, Response, describe
 from crossbar.usage import APIS, AnswerReader
@@ -119,31 +120,23 @@ class Exchange:
             return False
         places = proxy.traffic.policies.of(route).reads_conversations
         demand = read_request(request, proxy.config, route, target, shape, places)
+        check_model(route, request, demand)
         self.demand, self._forward_body, outcome.model = demand, demand.body, demand.asked
         return True
 
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
         proxy, outcome, demand = self.proxy, self.outcome, self.demand
-        route, exclude, waits = outcome.route, outcome.tried, proxy.waits
+        route, exclude = outcome.route, outcome.tried
         assert route is not None
-        if waits is not None and route.queue and waits.active():
-            flow, counted = outcome.flow, outcome.flow is not None
-            if flow is None:  # who it is, for fairness (a popped one is known already)
-                head = self.request.requestHeaders.getAllRawHeaders()
-                trusted = proxy.config.trusted_proxies  # the client it forwards, behind one
-                flow = flow_of(route, head, demand.client, door_key(self.request), trusted)
-            admitted = waits.admit(
-                self, route, demand.model, flow, demand.conversation,
-                tried=exclude, waited=outcome.waited is not None, counted=counted,
-            )  # fmt: skip
-            if isinstance(admitted, Queued):
-                self._waiting = admitted.waiting
-                self._on(Event.QUEUED)
-                return
-            if isinstance(admitted, Refused):
-                self.shed(admitted)
-                return
-            outcome.flow, exclude = flow, exclude + list(admitted.full)  # flow: counted now
+        admitted = admission(proxy, self, self.request, demand, outcome)
+        if isinstance(admitted, Queued):
+            self._waiting = admitted.waiting
+            self._on(Event.QUEUED)
+            return
+        if isinstance(admitted, Refused):
+            self.shed(admitted)
+            return
+        exclude = exclude + list(admitted.full)
         ask = Ask(demand.model, demand.conversation, exclude, proxy.clock.seconds())
         policy = proxy.traffic.policies.of(route)
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
@@ -154,6 +147,9 @@ class Exchange:
             status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
             self.fail(status, error, host=outcome.host)
             return
+        if (refused := load_refusal(proxy, route, self.request, choice)) is not None:
+            self.shed(refused)
+            return
         host = choice.host
         outcome.placement = choice.placement
         if last_error is not None:
@@ -162,7 +158,8 @@ class Exchange:
         self._on(Event.CHOSEN)
         outcome.host = host
         outcome.tried.append(host)
-        self._count(host)
+        if demand.slot:
+            self._count(host)
         method = self.request.method
         assert method is not None
         self._attempt_started = proxy.clock.seconds()
@@ -200,12 +197,13 @@ class Exchange:
         assert self._waiting is not None
         self.outcome.flow, self._waiting = self._waiting.flow, None  # started, as it was taken
         self.outcome.waited = waited
-        if not self._on(Event.DISPATCHED):
-            return
-        try:
-            self._try_next()
-        except BadTarget as e:
-            self.fail(e.status, str(e))
+        if revoked(self.proxy, self.outcome.route, self.request):
+            self.fail(401, "unauthorized: the key was removed from the config while it waited")
+        elif self._on(Event.DISPATCHED):
+            try:
+                self._try_next()
+            except BadTarget as e:
+                self.fail(e.status, str(e))
 
     def shed(self, refused: Refused) -> None:
         """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""

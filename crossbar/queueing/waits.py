@@ -90,6 +90,10 @@ class Waits:
                 serving.setdefault(host, []).append(route.name)
         self._serving = serving
 
+    def route(self, name: str) -> RouteConfig | None:
+        """Route ``name`` as the config now in force has it (``None``: gone)."""
+        return self._routes.get(name)
+
     # -- admission --------------------------------------------------------------------------
 
     def admit(
@@ -159,7 +163,8 @@ class Waits:
         if route.spillover:
             hosts = [states[h] for h in route.hosts if h not in skip and h in states]
             healthy = [s for s in hosts if s.healthy]
-            return not spill_places(healthy, model, self.traffic.usage, self.clock.seconds())
+            usage, now, idle = self.traffic.usage, self.clock.seconds(), route.min_idle_before_evict
+            return not spill_places(healthy, model, usage, now, idle)
         return True
 
     def _home(
