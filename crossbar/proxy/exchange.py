@@ -38,6 +38,7 @@ from crossbar.http import (
     when_over,
 )
 from crossbar.polling import merged_listing
+from crossbar.proxy.answerbounds import answer_reader
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
 from crossbar.proxy.outcome import Outcome
@@ -47,7 +48,6 @@ from crossbar.proxy.relay import StreamBody
 from crossbar.queueing import Flow, Queued, Refused, Waiter, Waiting
 from crossbar.routing import Ask
 from crossbar.upstream import Call, Discard, Response, describe
-from crossbar.usage import APIS, AnswerReader
 
 log = Logger()
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -235,9 +235,9 @@ class Exchange:
         answer_headers(request.responseHeaders, response.headers, response.length, host)
         streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
                        for n, v in response.headers)  # fmt: skip
-        api = self.demand.api
-        if api in APIS:  # what the answer says of its work, where it says it
-            outcome.reader = AnswerReader(api, streamed, proxy.clock.seconds)
+        outcome.reader = answer_reader(
+            proxy, host, self.demand, streamed
+        )  # what it says of its work
         body = StreamBody(
             request,
             proxy.clock,
