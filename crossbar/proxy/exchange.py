@@ -38,10 +38,9 @@ from crossbar.http import (
     when_over,
 )
 from crossbar.polling import merged_listing
-from crossbar.proxy.answerbounds import answer_reader
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
-from crossbar.proxy.outcome import Outcome
+from crossbar.proxy.outcome import Outcome, answer_reader
 from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
 from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
 from crossbar.proxy.relay import StreamBody
