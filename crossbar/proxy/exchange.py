@@ -44,8 +44,8 @@ from crossbar.proxy.outcome import Outcome, answer_reader
 from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
 from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
 from crossbar.proxy.relay import StreamBody
-from crossbar.queueing import Flow, Queued, Refused, Waiter, Waiting
-from crossbar.routing import Ask
+from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
+from crossbar.routing import Ask, no_host
 from crossbar.upstream import Call, Discard, Response, describe
 
 log = Logger()
@@ -127,7 +127,9 @@ class Exchange:
         proxy, outcome, demand = self.proxy, self.outcome, self.demand
         route, exclude = outcome.route, outcome.tried
         assert route is not None
-        admitted = admission(proxy, self, self.request, demand, outcome)
+        admitted = admission(proxy, self, self.request, demand, outcome, self._counted)
+        if not isinstance(admitted, Go):  # its slot where it failed, if any, was given back
+            self._counted = None
         if isinstance(admitted, Queued):
             self._waiting = admitted.waiting
             self._on(Event.QUEUED)
@@ -141,7 +143,7 @@ class Exchange:
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
         if choice is None:
             if last_error is None:
-                raise BadTarget(503, "no healthy host")
+                raise BadTarget(503, no_host(route, proxy.table.view, outcome.tried))
             assert outcome.host is not None
             status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
             self.fail(status, error, host=outcome.host)

@@ -20,11 +20,17 @@ GO = Go()
 
 
 def admission(
-    proxy: ProxyContext, waiter: Waiter, request: server.Request, asked: Asked, outcome: Outcome
+    proxy: ProxyContext,
+    waiter: Waiter,
+    request: server.Request,
+    asked: Asked,
+    outcome: Outcome,
+    holding: str | None = None,
 ) -> Go | Queued | Refused:
     """Whether the request goes to a host now, waits for a slot, or is answered now
     (:meth:`crossbar.queueing.Waits.admit`). Only a request that takes a slot, on a route
-    that queues, is asked; once admitted, its flow counts it (``outcome.flow``). Its flow
+    that queues, is asked; once admitted, its flow counts it (``outcome.flow``; not while
+    it waits, having given back its slot on ``holding``, if it held one). Its flow
     is who it is, for fairness: its key's holder, an unnamed key, or its client (behind
     one of the config's trusted proxies, the client that proxy forwards)."""
     route, waits = outcome.route, proxy.waits
@@ -37,9 +43,9 @@ def admission(
     admitted = waits.admit(
         waiter, route, asked.model, flow, asked.conversation,
         tried=outcome.tried, waited=outcome.waited is not None, counted=outcome.flow is not None,
+        holding=holding,
     )  # fmt: skip
-    if isinstance(admitted, Go):
-        outcome.flow = flow
+    outcome.flow = flow if isinstance(admitted, Go) else None
     return admitted
 
 

@@ -107,17 +107,28 @@ class Waits:
         tried: Sequence[str] = (),
         waited: bool = False,
         counted: bool = False,
+        holding: str | None = None,
     ) -> Go | Queued | Refused:
         """Whether a request of ``flow`` goes to a host now (:class:`Go`), waits
         (:class:`Queued`: ``waiter`` is told later) or is answered now (:class:`Refused`,
-        past a limit). Only a request's first try may wait: ``tried`` (hosts that failed
-        it) and ``waited`` (it was dispatched from the queue) go on at once. ``counted``:
-        its flow's share counts it already (else it does from now on)."""
+        past a limit). A first try waits when every slot it could use is busy, or its flow
+        runs its ``max_in_flight``. A request that failed on ``tried`` hosts, or that was
+        dispatched from the queue (``waited``), waits again only when every healthy host
+        it may still use is full: it is never answered an error for that. ``counted``: its
+        flow's share counts it already (else it does from now on; not while it waits);
+        ``holding``: the host whose slot it holds, given back when it waits again."""
         first = not tried and not waited
         if first and (
             not self.queue.may_start(flow) or self._must_wait(route, model, (), conversation)
         ):  # past its max_in_flight it waits, free slots or not
             placed = self._wait(waiter, route, model, flow, conversation)
+            return placed if isinstance(placed, Refused) else Queued(placed)
+        if not first and self._must_wait(route, model, tried):
+            if counted:
+                self.queue.finished(flow, 0.0, self.clock.seconds())  # counted again when sent
+            if holding is not None:  # first: its slot there frees to whoever waits next
+                self.release(None, holding, model)
+            placed = self._wait(waiter, route, model, flow)
             return placed if isinstance(placed, Refused) else Queued(placed)
         look = waited or not self.traffic.policies.of(route).reads_conversations
         full = tuple(self._full_hosts(route, model, tried)) if look else ()
@@ -272,6 +283,9 @@ class Waits:
         request just ended in it, if that is how)."""
         if not self.queue.waiting():
             return  # nothing waits: costs nothing
+        state = self.table.view.get(host)
+        if state is not None and not state.healthy:
+            return  # a host that is down takes nothing from the queue
         routes = self._serving.get(host, ())
         pools: list[Hashable] = [(route, model) for route in routes]
         pools += [(route, model, host) for route in routes]  # turns waiting for this host

@@ -5,7 +5,7 @@ model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 from crossbar.routing.affinity import Placement
 from crossbar.routing.allowance import LoadBudget, allows, refused_model
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
-from crossbar.routing.groups import best_group, routes_down
+from crossbar.routing.groups import best_group, no_host, routes_down
 from crossbar.routing.placement import (
     BUSY,
     EVICTS,
@@ -42,6 +42,7 @@ __all__ = [
     "best_group",
     "fits_nowhere",
     "largest_window",
+    "no_host",
     "places_conversations",
     "refused_model",
     "rendezvous",

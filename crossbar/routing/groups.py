@@ -29,6 +29,15 @@ def best_group(
     return group or healthy
 
 
+def no_host(route: RouteConfig, states: Mapping[str, HostState], tried: Sequence[str]) -> str:
+    """Why no host of ``route`` is left for a request that has tried ``tried``, in words
+    that are true: none is healthy, or every healthy one failed it already."""
+    healthy = [h for h in route.hosts if h in states and states[h].healthy]
+    if healthy and all(h in tried for h in healthy):
+        return "no healthy host left: each one failed this request before answering"
+    return "no healthy host"
+
+
 def routes_down(routes: Mapping[str, RouteConfig], states: Mapping[str, HostState]) -> list[str]:
     """The routes that have no healthy host, in config order."""
     return [

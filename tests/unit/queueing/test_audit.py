@@ -132,3 +132,26 @@ def test_a_turn_done_waiting_for_its_home_still_counts_in_the_route_s_waiting_ro
     head, _, body = late.received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 429")
     assert json.loads(body)["error"] == "lab: 1 requests already waiting"
+
+
+def test_a_host_that_dies_sends_its_requests_and_the_queue_to_the_host_still_up() -> None:
+    hosts = {
+        "dies": {"url": "http://127.0.0.1:18081", "slots": 1, "max_fails": 1},
+        "slow": {"url": "http://127.0.0.1:18082", "slots": 1},
+    }
+    config = parse_config(
+        {"hosts": hosts, "routes": {"lab": {"hosts": ["dies", "slow"], "default_model": "m"}}}
+    )
+    memory = MemoryProxy(config, models=("m",))
+    clients = [ask(memory, None) for _ in range(3)]  # one on each host, one waiting
+    lines = {line.host: line for line in (memory.accept(), memory.accept())}
+
+    lines["dies"].close()  # reset before answering: it is marked down
+    memory.clock.advance(0)
+    assert memory.waiting == [] and [c.received for c in clients] == [b""] * 3
+    for _ in range(3):
+        lines["slow"].send(OK)
+        memory.clock.advance(0)
+
+    assert [c.received.split(b"\r\n")[0] for c in clients] == [b"HTTP/1.1 200 OK"] * 3
+    assert {r.host for r in memory.records} == {"slow"}

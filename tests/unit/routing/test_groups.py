@@ -12,7 +12,7 @@ import pytest
 from crossbar.config import Policy, RouteConfig, WhenAllDown
 from crossbar.polling.health import HostState
 from crossbar.routing.affinity import Conversations, Placement
-from crossbar.routing.groups import routes_down
+from crossbar.routing.groups import no_host, routes_down
 from crossbar.routing.policies import REGISTRY, Ask, CacheAffinity, Conversation, RoundRobin
 from crossbar.routing.rendezvous import rendezvous
 
@@ -252,6 +252,15 @@ def test_routes_down_lists_routes_without_a_healthy_host_in_config_order() -> No
     }
     assert routes_down(routes, states) == ["zeta", "ghost", "alpha"]
     assert routes_down({"mixed": routes["mixed"]}, states) == []
+
+
+def test_the_503_says_whether_no_host_is_healthy_or_each_healthy_one_failed_already() -> None:
+    states = {"a": state("a", healthy=False), "b": state("b")}
+    assert no_host(route("a", "b"), states, []) == "no healthy host"
+    assert no_host(route("a", "b"), states, ["b"]) == (
+        "no healthy host left: each one failed this request before answering"
+    )
+    assert no_host(route("a"), states, ["a"]) == "no healthy host"
 
 
 # -- cache_affinity ---------------------------------------------------------------------------
