@@ -45,7 +45,7 @@ from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
 from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
 from crossbar.proxy.relay import StreamBody
 from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
-from crossbar.routing import Ask, no_host
+from crossbar.routing import Ask, no_host, served_model
 from crossbar.upstream import Call, Discard, Response, describe
 
 log = Logger()
@@ -120,6 +120,7 @@ class Exchange:
         places = proxy.traffic.policies.of(route).reads_conversations
         demand = read_request(request, proxy.config, route, target, shape, places)
         check_model(route, request, demand)
+        demand.model = served_model(route, demand.model, proxy.table.view)  # what its slot is
         self.demand, self._forward_body, outcome.model = demand, demand.body, demand.asked
         return True
 
