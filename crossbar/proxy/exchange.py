@@ -41,9 +41,9 @@ from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
 from crossbar.proxy.outcome import Outcome, answer_reader
-from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
+from crossbar.proxy.permits import admission, check_model, load_refusal, load_watched, revoked
 from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
-from crossbar.proxy.relay import StreamBody
+from crossbar.proxy.relay import LoadCheck, StreamBody
 from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
 from crossbar.routing import Ask, no_host, served_model
 from crossbar.upstream import Call, Discard, Response, describe
@@ -221,15 +221,15 @@ class Exchange:
         """The host's head is in (told by the upstream call, as are the two below)."""
         self._pending = None
         self._stop_deadline()
-        proxy, outcome = self.proxy, self.outcome
-        host = outcome.host
+        proxy, outcome, host = self.proxy, self.outcome, self.outcome.host
         assert host is not None
         now = proxy.clock.seconds()
         outcome.first_byte = now - outcome.started
         proxy.table.judge_answer(host, response.code, now - self._attempt_started)
-        request = self.request
-        self._forward_body = None  # the host has it, and no other host will be tried
-        release_body(request)
+        request, watched = self.request, load_watched(proxy, host, self.demand, response.code)
+        if not watched:  # the host has it, and no other host will be tried
+            self._forward_body = None
+            release_body(request)
         if not self._on(Event.HEAD_RECEIVED):
             response.deliverBody(Discard())
             return
@@ -237,26 +237,27 @@ class Exchange:
         answer_headers(request.responseHeaders, response.headers, response.length, host)
         streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
                        for n, v in response.headers)  # fmt: skip
-        outcome.reader = answer_reader(
-            proxy, host, self.demand, streamed
-        )  # what it says of its work
-        body = StreamBody(
-            request,
-            proxy.clock,
-            proxy.settings[host].idle_timeout,
-            self.upstream_idle,
-            self.upstream_ended,
-            self.client_stalled,
-            self._deadline,
-            outcome.reader,
-        )
+        outcome.reader = answer_reader(proxy, host, self.demand, streamed)  # of its work
+        body = StreamBody(request, proxy.clock, proxy.settings[host].idle_timeout,
+                          self.upstream_idle, self.upstream_ended, self.client_stalled,
+                          self._deadline, outcome.reader)  # fmt: skip
         self._body = body
-        response.deliverBody(body)
+        response.deliverBody(LoadCheck(body, request, self._load_failed) if watched else body)
         # deliverBody may have finished the exchange (a body that came whole): then no
         # producer (registering it would raise) and no idle timer.
         if self.phase is Phase.STREAMING:
             body.arm()
             request.registerProducer(body, True)
+
+    def _load_failed(self) -> None:
+        """Its host said it failed to load the model (:class:`LoadCheck`): it is not asked
+        to load it for a while (the health table's back-off); the request goes on, or waits."""
+        host, model = self.outcome.host, self.demand.model
+        if self._on(Event.LOAD_FAILED) and host is not None and model is not None:
+            self.proxy.table.load_failed(host, model)
+            self.request.unregisterProducer()
+            self._body = self.outcome.reader = None
+            self._try_next(f"it failed to load {model}")
 
     def _stop_deadline(self) -> None:
         if self._deadline is not None and self._deadline.holder is self:

@@ -1,7 +1,8 @@
 """What a request may do on its way to a host, beside the queue's own rules: who it is to
 the queue (its flow), whether its key may ask for its model, whether its key may make a
 host load one more model this minute, and whether its key is still good when it leaves the
-queue after a reload. Each is asked by the exchange at its step; none does I/O."""
+queue after a reload, and whether a host's 500 may say it failed to load the model. Each
+is asked by the exchange at its step; none does I/O."""
 
 from __future__ import annotations
 
@@ -94,3 +95,13 @@ def revoked(proxy: ProxyContext, route: RouteConfig | None, request: server.Requ
     if now is None or not now.api_keys:
         return False
     return key_held(list(request.requestHeaders.getAllRawHeaders()), now.api_keys) is None
+
+
+def load_watched(proxy: ProxyContext, host: str, asked: Asked, status: int) -> bool:
+    """Whether a ``status`` answer from ``host`` may be a failed load of the request's
+    model (a router's 500, the model not loaded there when chosen): then its body is read
+    for it before any of it is relayed (:class:`crossbar.proxy.relay.LoadCheck`)."""
+    if status != 500 or asked.model is None:
+        return False
+    state = proxy.table.view.get(host)
+    return state is not None and asked.model not in state.loaded

@@ -1,6 +1,7 @@
 """crossbar.proxy.permits: what a key may ask for (its models, its loads a minute), calls
-that take no slot never wait for one, and a key removed while its request waited. Through
-crossbar's own site and exchange in memory, hosts played by the test."""
+that take no slot never wait for one, a key removed while its request waited, and a host's
+500 that says it failed to load the model. Through crossbar's own site and exchange in
+memory, hosts played by the test."""
 
 from __future__ import annotations
 
@@ -116,3 +117,50 @@ def test_a_key_removed_while_its_request_waited_is_answered_401_as_it_leaves() -
     assert head.startswith(b"HTTP/1.1 401")
     assert body["error"] == "unauthorized: the key was removed from the config while it waited"
     assert memory.waiting == []  # no host saw it
+
+
+FAILED_LOAD = b'{"error":{"code":500,"message":"model name=n failed to load"}}'
+
+
+def test_a_spilled_request_whose_load_failed_waits_again_and_is_served() -> None:
+    memory = MemoryProxy(
+        parse_config(config([{"name": "alice", "key": ALICE}], {"models_max": 2}, spillover=True))
+    )
+    memory.table.record_ok("gpu-a", ("n",), ("n",))
+    memory.table.record_ok("gpu-b", ("x",), ("n", "x"))  # a free instance to load n in
+    ask(memory, model="n")
+    busy = memory.accept()  # gpu-a's one slot for n taken
+    spilled = ask(memory, model="n")  # spills to gpu-b, which cannot load n
+    failing = memory.accept()
+    assert failing.host == "gpu-b"
+
+    failing.send(
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(FAILED_LOAD), FAILED_LOAD)
+    )
+    memory.clock.advance(0)
+    assert spilled.received == b"" and memory.traffic.queue.waiting() == 1  # waits again
+    state = memory.table.view["gpu-b"]
+    assert state.load_failures.backed_off("n", memory.clock.seconds())
+    busy.send(OK)  # gpu-a frees its slot: the request goes there (on the kept connection)
+    assert busy.received.count(b"POST /v1/chat/completions") == 2
+    busy.send(OK)
+
+    assert spilled.received.startswith(b"HTTP/1.1 200 OK")
+    assert b"X-Crossbar-Host: gpu-a" in spilled.received
+    assert b"failed to load" not in spilled.received
+
+
+def test_a_500_that_is_no_failed_load_is_relayed_as_it_came() -> None:
+    memory = MemoryProxy(parse_config(config([{"name": "alice", "key": ALICE}])))
+    memory.table.record_ok("gpu-a", (), ("n",))
+    memory.table.record_ok("gpu-b", (), ("n",))
+    client = ask(memory, model="n")
+    words = b'{"error":{"message":"out of memory"}}'
+    memory.accept().send(
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s" % (len(words), words)
+    )
+
+    assert client.received.startswith(b"HTTP/1.1 500")
+    assert client.received.endswith(words)
+    assert memory.waiting == []
