@@ -155,3 +155,27 @@ def test_a_host_that_dies_sends_its_requests_and_the_queue_to_the_host_still_up(
 
     assert [c.received.split(b"\r\n")[0] for c in clients] == [b"HTTP/1.1 200 OK"] * 3
     assert {r.host for r in memory.records} == {"slow"}
+
+
+def test_spillover_evicts_no_model_used_within_min_idle_before_evict() -> None:
+    hosts = {
+        "gpu-a": {"url": "http://127.0.0.1:18081", "slots": 1, "models_max": 1},
+        "gpu-b": {"url": "http://127.0.0.1:18082", "slots": 1, "models_max": 1},
+    }
+    route = {"hosts": ["gpu-a", "gpu-b"], "default_model": "m", "spillover": True}
+    config = parse_config(
+        {"hosts": hosts, "routes": {"lab": {**route, "min_idle_before_evict": "30s"}}}
+    )
+    memory = MemoryProxy(config)
+    memory.table.record_ok("gpu-a", ("m",), ("m",))
+    memory.table.record_ok("gpu-b", ("agent",), ("agent", "m"))
+    memory.traffic.move(None, "gpu-b", "agent")
+    memory.traffic.move("gpu-b", None, "agent", memory.clock.seconds())  # its turn just ended
+    memory.clock.advance(5)  # the agent thinks
+    ask(memory, None)
+    memory.accept()
+    ask(memory, None)  # gpu-a is full: spilling would evict the agent's model
+
+    assert memory.waiting == [] and memory.traffic.queue.waiting() == 1
+    memory.clock.advance(25)  # the agent has been idle 30 s: a copy of m may start there
+    assert memory.waiting == ["gpu-b"] and memory.traffic.queue.waiting() == 0
