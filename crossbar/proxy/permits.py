@@ -1,6 +1,6 @@
 """What a request may do on its way to a host, beside the queue's own rules: who it is to
 the queue (its flow), whether its key may ask for its model, whether its key may make a
-host load one more model this minute, and whether its key is still good when it leaves the
+host load one more model this minute, whether its key is still good when it leaves the
 queue after a reload, and whether a host's 500 may say it failed to load the model. Each
 is asked by the exchange at its step; none does I/O."""
 
