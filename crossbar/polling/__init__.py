@@ -3,14 +3,17 @@ and room from ``/props``) and the health table it keeps, on a ``LoopingCall`` pe
 
 from crossbar.polling.health import Clock, HealthTable, HostState
 from crossbar.polling.listreader import ListReader
+from crossbar.polling.loadfailures import LOOKED_AT, failed_load
 from crossbar.polling.modellist import merged_listing
 from crossbar.polling.poller import Poller
 
 __all__ = [
+    "LOOKED_AT",
     "Clock",
     "HealthTable",
     "HostState",
     "ListReader",
     "Poller",
+    "failed_load",
     "merged_listing",
 ]

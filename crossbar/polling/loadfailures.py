@@ -24,14 +24,14 @@ MOST_BACKOFF = 900.0
 MOST_MODELS = 100
 """Models remembered per host: a client naming made-up models cannot grow it past this."""
 _MARK = b"failed to load"
-_LOOKED_AT = 4096
+LOOKED_AT = 4096
 """Bytes of an answer's body looked at for :data:`_MARK`."""
 
 
 def failed_load(status: int, body: bytes) -> bool:
     """Whether an answer (its status and the start of its body) says the host failed to
     load the model asked for (a llama-server router's ``500 ... failed to load``)."""
-    return status == 500 and _MARK in body[:_LOOKED_AT]
+    return status == 500 and _MARK in body[:LOOKED_AT]
 
 
 @attrs.frozen

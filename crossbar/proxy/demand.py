@@ -46,6 +46,9 @@ class Asked:
     """The API of its path (``chat``, ``anthropic``...: :data:`crossbar.proxy.shapes.SHAPES`)."""
     reply_limit: int | None = None
     """The tokens the answer may take at most, as the body asks (``max_tokens``...)."""
+    slot: bool = True
+    """It takes a slot of its host while it runs (:meth:`~crossbar.proxy.shapes.Shape.uses_slot`):
+    only then does it wait for one, and count as one."""
 
 
 def route_of(config: Config, uri: bytes) -> tuple[RouteConfig, RoutePath, Shape | None]:
@@ -70,7 +73,7 @@ def read_request(
     the route's policy places by it), and what is sent on."""
     method = request.method
     body = request.content.getvalue() if request.content is not None else b""
-    found = Asked(route.default_model, api=shape.name)
+    found = Asked(route.default_model, api=shape.name, slot=shape.uses_slot(method))
     default = route.default_model
     if body and method not in (b"GET", b"HEAD"):
         facts = read_body(shape, body, default, conversations and method == b"POST")

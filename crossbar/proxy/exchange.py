@@ -40,13 +40,13 @@ from crossbar.http import (
 from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
-from crossbar.proxy.outcome import Outcome, door_key
+from crossbar.proxy.outcome import Outcome, answer_reader
+from crossbar.proxy.permits import admission, check_model, load_refusal, load_watched, revoked
 from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
-from crossbar.proxy.relay import StreamBody
-from crossbar.queueing import Flow, Queued, Refused, Waiter, Waiting, flow_of
-from crossbar.routing import Ask
+from crossbar.proxy.relay import LoadCheck, StreamBody
+from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
+from crossbar.routing import Ask, no_host, served_model
 from crossbar.upstream import Call, Discard, Response, describe
-from crossbar.usage import APIS, AnswerReader
 
 log = Logger()
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
@@ -119,39 +119,38 @@ class Exchange:
             return False
         places = proxy.traffic.policies.of(route).reads_conversations
         demand = read_request(request, proxy.config, route, target, shape, places)
+        check_model(route, request, demand)
+        demand.model = served_model(route, demand.model, proxy.table.view)  # what its slot is
         self.demand, self._forward_body, outcome.model = demand, demand.body, demand.asked
         return True
 
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
         proxy, outcome, demand = self.proxy, self.outcome, self.demand
-        route, exclude, waits = outcome.route, outcome.tried, proxy.waits
+        route, exclude = outcome.route, outcome.tried
         assert route is not None
-        if waits is not None and route.queue and waits.active():
-            flow, counted = outcome.flow, outcome.flow is not None
-            if flow is None:  # who it is, for fairness (a popped one is known already)
-                head = self.request.requestHeaders.getAllRawHeaders()
-                flow = flow_of(route, head, demand.client, door_key(self.request))
-            admitted = waits.admit(
-                self, route, demand.model, flow, demand.conversation,
-                tried=exclude, waited=outcome.waited is not None, counted=counted,
-            )  # fmt: skip
-            if isinstance(admitted, Queued):
-                self._waiting = admitted.waiting
-                self._on(Event.QUEUED)
-                return
-            if isinstance(admitted, Refused):
-                self.shed(admitted)
-                return
-            outcome.flow, exclude = flow, exclude + list(admitted.full)  # flow: counted now
+        admitted = admission(proxy, self, self.request, demand, outcome, self._counted)
+        if not isinstance(admitted, Go):  # its slot where it failed, if any, was given back
+            self._counted = None
+        if isinstance(admitted, Queued):
+            self._waiting = admitted.waiting
+            self._on(Event.QUEUED)
+            return
+        if isinstance(admitted, Refused):
+            self.shed(admitted)
+            return
+        exclude = exclude + list(admitted.full)
         ask = Ask(demand.model, demand.conversation, exclude, proxy.clock.seconds())
         policy = proxy.traffic.policies.of(route)
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
         if choice is None:
             if last_error is None:
-                raise BadTarget(503, "no healthy host")
+                raise BadTarget(503, no_host(route, proxy.table.view, outcome.tried))
             assert outcome.host is not None
             status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
             self.fail(status, error, host=outcome.host)
+            return
+        if (refused := load_refusal(proxy, route, self.request, choice)) is not None:
+            self.shed(refused)
             return
         host = choice.host
         outcome.placement = choice.placement
@@ -161,7 +160,8 @@ class Exchange:
         self._on(Event.CHOSEN)
         outcome.host = host
         outcome.tried.append(host)
-        self._count(host)
+        if demand.slot:
+            self._count(host)
         method = self.request.method
         assert method is not None
         self._attempt_started = proxy.clock.seconds()
@@ -199,12 +199,13 @@ class Exchange:
         assert self._waiting is not None
         self.outcome.flow, self._waiting = self._waiting.flow, None  # started, as it was taken
         self.outcome.waited = waited
-        if not self._on(Event.DISPATCHED):
-            return
-        try:
-            self._try_next()
-        except BadTarget as e:
-            self.fail(e.status, str(e))
+        if revoked(self.proxy, self.outcome.route, self.request):
+            self.fail(401, "unauthorized: the key was removed from the config while it waited")
+        elif self._on(Event.DISPATCHED):
+            try:
+                self._try_next()
+            except BadTarget as e:
+                self.fail(e.status, str(e))
 
     def shed(self, refused: Refused) -> None:
         """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""
@@ -220,15 +221,15 @@ class Exchange:
         """The host's head is in (told by the upstream call, as are the two below)."""
         self._pending = None
         self._stop_deadline()
-        proxy, outcome = self.proxy, self.outcome
-        host = outcome.host
+        proxy, outcome, host = self.proxy, self.outcome, self.outcome.host
         assert host is not None
         now = proxy.clock.seconds()
         outcome.first_byte = now - outcome.started
         proxy.table.judge_answer(host, response.code, now - self._attempt_started)
-        request = self.request
-        self._forward_body = None  # the host has it, and no other host will be tried
-        release_body(request)
+        request, watched = self.request, load_watched(proxy, host, self.demand, response.code)
+        if not watched:  # the host has it, and no other host will be tried
+            self._forward_body = None
+            release_body(request)
         if not self._on(Event.HEAD_RECEIVED):
             response.deliverBody(Discard())
             return
@@ -236,26 +237,27 @@ class Exchange:
         answer_headers(request.responseHeaders, response.headers, response.length, host)
         streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
                        for n, v in response.headers)  # fmt: skip
-        api = self.demand.api
-        if api in APIS:  # what the answer says of its work, where it says it
-            outcome.reader = AnswerReader(api, streamed, proxy.clock.seconds)
-        body = StreamBody(
-            request,
-            proxy.clock,
-            proxy.settings[host].idle_timeout,
-            self.upstream_idle,
-            self.upstream_ended,
-            self.client_stalled,
-            self._deadline,
-            outcome.reader,
-        )
+        outcome.reader = answer_reader(proxy, host, self.demand, streamed)  # of its work
+        body = StreamBody(request, proxy.clock, proxy.settings[host].idle_timeout,
+                          self.upstream_idle, self.upstream_ended, self.client_stalled,
+                          self._deadline, outcome.reader)  # fmt: skip
         self._body = body
-        response.deliverBody(body)
+        response.deliverBody(LoadCheck(body, request, self._load_failed) if watched else body)
         # deliverBody may have finished the exchange (a body that came whole): then no
         # producer (registering it would raise) and no idle timer.
         if self.phase is Phase.STREAMING:
             body.arm()
             request.registerProducer(body, True)
+
+    def _load_failed(self) -> None:
+        """Its host said it failed to load the model (:class:`LoadCheck`): it is not asked
+        to load it for a while (the health table's back-off); the request goes on, or waits."""
+        host, model = self.outcome.host, self.demand.model
+        if self._on(Event.LOAD_FAILED) and host is not None and model is not None:
+            self.proxy.table.load_failed(host, model)
+            self.request.unregisterProducer()
+            self._body = self.outcome.reader = None
+            self._try_next(f"it failed to load {model}")
 
     def _stop_deadline(self) -> None:
         if self._deadline is not None and self._deadline.holder is self:

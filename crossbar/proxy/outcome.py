@@ -1,20 +1,27 @@
 """Where a request's one record is made: an :class:`Outcome` filled in as its exchange
 goes (what was asked, where it went, how it waited, what the answer said of its work:
 tokens, cache hits, the first token's time, speed, :mod:`crossbar.usage.reader`), made
-into a :class:`~crossbar.stats.RequestRecord` as it ends."""
+into a :class:`~crossbar.stats.RequestRecord` as it ends. An answer's reader is bounded by
+what is plausible for its request on its host (:func:`answer_reader`): a hostile or broken
+host's larger numbers are dropped, not charged to the key, and said in one line."""
 
 from __future__ import annotations
 
 import attrs
+from twisted.logger import Logger
 from twisted.web import server
 
 from crossbar.config import RouteConfig, Secret
 from crossbar.http import ProxyRequest
+from crossbar.proxy.context import ProxyContext
+from crossbar.proxy.demand import Asked
 from crossbar.proxy.phases import Phase
 from crossbar.queueing import Flow, flow_of
 from crossbar.routing import Placement
 from crossbar.stats import RequestRecord
-from crossbar.usage import AnswerReader
+from crossbar.usage import APIS, AnswerReader, Bounds
+
+log = Logger()
 
 
 @attrs.define
@@ -93,3 +100,23 @@ class Outcome:
 def door_key(request: server.Request) -> Secret | None:
     """The key the door let ``request`` in with (a :class:`ProxyRequest`'s), if any."""
     return request.key if isinstance(request, ProxyRequest) else None
+
+
+def answer_reader(
+    proxy: ProxyContext, host: str, asked: Asked, streamed: bool
+) -> AnswerReader | None:
+    """A reader for the answer ``host`` sends to ``asked`` (``None``: its API says
+    nothing of its work). Its numbers are bounded: prompt tokens by the host's learned
+    window for the model, generated ones by the request's answer limit and a margin
+    (:class:`crossbar.usage.counts.Bounds`)."""
+    if asked.api not in APIS:
+        return None
+    state = proxy.table.view.get(host)
+    window = state.window(asked.model) if state is not None else None
+    bounds = Bounds.of(window, asked.reply_limit)
+    model = asked.model or "-"
+
+    def said(words: str) -> None:
+        log.warn("host {host}, model {model}: {words}", host=host, model=model, words=words)
+
+    return AnswerReader(asked.api, streamed, proxy.clock.seconds, bounds, said)

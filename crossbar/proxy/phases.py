@@ -39,6 +39,7 @@ class Event(enum.Enum):
     DISPATCHED = "a slot of its group freed: on to choosing among the hosts with room"
     REFUSED = "the queue answered it: a limit, a wait past wait_timeout, crossbar stopping"
     HOST_FAILED = "the host failed before any answer: another host is tried"
+    LOAD_FAILED = "the host answered that it failed to load the model: on to another, or waits"
     HEAD_RECEIVED = "the host's status line and headers came"
     BODY_ENDED = "the host's body ended whole"
     BODY_BROKEN = "the answer had begun and broke off (or went quiet, or crossbar stopped)"
@@ -71,6 +72,7 @@ MOVES: Mapping[Phase, Mapping[Event, Phase]] = {
         Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
     },
     Phase.STREAMING: {
+        Event.LOAD_FAILED: Phase.CHOOSING,
         Event.BODY_ENDED: Phase.ANSWERED,
         Event.BODY_BROKEN: Phase.CUT_OFF,
         Event.TIMED_OUT: Phase.ANSWERED,

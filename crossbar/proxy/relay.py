@@ -1,5 +1,6 @@
 """The upstream body on its way to the client: relayed as it arrives, never buffered,
-with the client's socket pausing the upstream's (backpressure)."""
+with the client's socket pausing the upstream's (backpressure); a host's answer that may
+say it failed to load a model is read that far first (:class:`LoadCheck`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTim
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.client import ResponseDone
+from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from crossbar.http import SPENT, Deadline, stop
+from crossbar.polling import LOOKED_AT, failed_load
 from crossbar.upstream import stop_producing
 
 
@@ -136,3 +139,48 @@ class StreamBody(protocol.Protocol):
     def _stalled(self) -> None:
         self._stall = None
         self._on_stall()
+
+
+_HELD, _PASSED, _DROPPED = range(3)
+
+
+class LoadCheck(protocol.Protocol):
+    """Holds back the start of a host's ``500`` to a request that made it load a model,
+    to read whether the load failed (:func:`crossbar.polling.failed_load`). If it did, the
+    answer is dropped (its connection closed, its headers taken back from ``request``) and
+    ``on_failed`` is told, for the request to go elsewhere; else the answer goes on to
+    ``body`` as it came. It holds at most the bytes looked at for the words."""
+
+    def __init__(self, body: StreamBody, request: server.Request, on_failed: Callable[[], None]):
+        self._body, self._request, self._on_failed = body, request, on_failed
+        self._start = bytearray()
+        self._state = _HELD
+
+    def connectionMade(self) -> None:
+        self._body.makeConnection(self.transport)  # pauses and stops act on the host's socket
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state == _PASSED:
+            self._body.dataReceived(data)
+        elif self._state == _HELD:
+            self._start += data
+            if len(self._start) >= LOOKED_AT:
+                self._decide()
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
+        if self._state == _HELD:
+            self._decide()
+        if self._state == _PASSED:
+            self._body.connectionLost(reason)
+
+    def _decide(self) -> None:
+        start, self._start = bytes(self._start), bytearray()
+        if failed_load(500, start):
+            self._state = _DROPPED
+            self._body.stopProducing()
+            self._request.responseHeaders = Headers()
+            self._on_failed()
+            return
+        self._state = _PASSED
+        if start:
+            self._body.dataReceived(start)

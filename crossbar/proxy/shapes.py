@@ -134,6 +134,15 @@ class Shape:
     """Reads the fields of a body with a conversation, in the same pass as the model."""
     conversation: Callable[[str | None, Any], Conversation | None] | None = None
     """Finds the conversation in what :attr:`decoder` read."""
+    generates: bool = True
+    """A POST to it takes one of the host's slots while it runs (generation, embeddings,
+    reranking, transcription): only such a request waits for a slot and counts as one.
+    Listing models, counting tokens, health and props take none."""
+
+    def uses_slot(self, method: bytes | None) -> bool:
+        """Whether a request with ``method`` to this path takes a slot: a POST that
+        generates (an OPTIONS, a GET or a HEAD never does)."""
+        return self.generates and method == b"POST"
 
 
 _PLAIN = msgspec.json.Decoder(_Plain)
@@ -154,20 +163,24 @@ NATIVE_COMPLETION = Shape(
 """llama-server's own ``/completion``: a prompt, placed by it like ``/v1/completions``."""
 _NATIVE = Shape("native")
 """llama-server's own stateless endpoints (infill, tokenize...): a body naming a model."""
-MODEL_ENTRY = Shape("model entry", names_model=False)
+_NATIVE_TOOL = Shape("native tool", generates=False)
+"""llama-server's tokenize, detokenize and apply-template: a model's text tools, no slot."""
+MODEL_ENTRY = Shape("model entry", names_model=False, generates=False)
 """``GET /v1/models/{id}``: the model is in the path (:func:`model_in_path`)."""
-_NO_BODY = Shape("no body", names_model=False)
+_COUNT = Shape("count", generates=False)
+"""Counts a prompt's tokens (names a model, takes no slot)."""
+_NO_BODY = Shape("no body", names_model=False, generates=False)
 _FORM = Shape("form", names_model=False)
 """A multipart form (a transcription): forwarded as it is."""
 
 SHAPES: Mapping[bytes, Shape] = {
     b"/v1/chat/completions": CHAT,
     b"/v1/completions": COMPLETION,
-    b"/v1/chat/completions/input_tokens": _MODEL,
+    b"/v1/chat/completions/input_tokens": _COUNT,
     b"/v1/messages": ANTHROPIC,
-    b"/v1/messages/count_tokens": _MODEL,
+    b"/v1/messages/count_tokens": _COUNT,
     b"/v1/responses": RESPONSES,
-    b"/v1/responses/input_tokens": _MODEL,
+    b"/v1/responses/input_tokens": _COUNT,
     b"/v1/embeddings": _MODEL,
     b"/v1/rerank": _MODEL,
     b"/v1/reranking": _MODEL,
@@ -176,9 +189,9 @@ SHAPES: Mapping[bytes, Shape] = {
     b"/completion": NATIVE_COMPLETION,
     b"/completions": NATIVE_COMPLETION,
     b"/infill": _NATIVE,
-    b"/tokenize": _NATIVE,
-    b"/detokenize": _NATIVE,
-    b"/apply-template": _NATIVE,
+    b"/tokenize": _NATIVE_TOOL,
+    b"/detokenize": _NATIVE_TOOL,
+    b"/apply-template": _NATIVE_TOOL,
     b"/embedding": _NATIVE,
     b"/embeddings": _NATIVE,
     b"/rerank": _NATIVE,

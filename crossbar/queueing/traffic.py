@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from crossbar.queueing.queue import FairQueue
+from crossbar.routing.allowance import LoadBudget
 from crossbar.routing.placement import Occupancy
 from crossbar.routing.policies import Policies
 
@@ -40,6 +41,9 @@ class Traffic:
         """Requests waiting in crossbar for a slot (:mod:`crossbar.queueing.waits`): it
         outlives a reload, as they do."""
 
+        self.loads = LoadBudget()
+        """Model loads each key's requests caused lately (``max_loads_per_minute``): it
+        outlives a reload, as the queue does."""
         self.leaving: dict[str, Callable[[str], None]] = {}
         """Hosts gone from the config that still carry requests, each with what to call
         once its last one ends."""

@@ -90,6 +90,10 @@ class Waits:
                 serving.setdefault(host, []).append(route.name)
         self._serving = serving
 
+    def route(self, name: str) -> RouteConfig | None:
+        """Route ``name`` as the config now in force has it (``None``: gone)."""
+        return self._routes.get(name)
+
     # -- admission --------------------------------------------------------------------------
 
     def admit(
@@ -103,14 +107,28 @@ class Waits:
         tried: Sequence[str] = (),
         waited: bool = False,
         counted: bool = False,
+        holding: str | None = None,
     ) -> Go | Queued | Refused:
         """Whether a request of ``flow`` goes to a host now (:class:`Go`), waits
         (:class:`Queued`: ``waiter`` is told later) or is answered now (:class:`Refused`,
-        past a limit). Only a request's first try may wait: ``tried`` (hosts that failed
-        it) and ``waited`` (it was dispatched from the queue) go on at once. ``counted``:
-        its flow's share counts it already (else it does from now on)."""
-        if not tried and not waited and self._must_wait(route, model, (), conversation):
+        past a limit). A first try waits when every slot it could use is busy, or its flow
+        runs its ``max_in_flight``. A request that failed on ``tried`` hosts, or that was
+        dispatched from the queue (``waited``), waits again only when every healthy host
+        it may still use is full: it is never answered an error for that. ``counted``: its
+        flow's share counts it already (else it does from now on; not while it waits);
+        ``holding``: the host whose slot it holds, given back when it waits again."""
+        first = not tried and not waited
+        if first and (
+            not self.queue.may_start(flow) or self._must_wait(route, model, (), conversation)
+        ):  # past its max_in_flight it waits, free slots or not
             placed = self._wait(waiter, route, model, flow, conversation)
+            return placed if isinstance(placed, Refused) else Queued(placed)
+        if not first and self._must_wait(route, model, tried):
+            if counted:
+                self.queue.finished(flow, 0.0, self.clock.seconds())  # counted again when sent
+            if holding is not None:  # first: its slot there frees to whoever waits next
+                self.release(None, holding, model)
+            placed = self._wait(waiter, route, model, flow)
             return placed if isinstance(placed, Refused) else Queued(placed)
         look = waited or not self.traffic.policies.of(route).reads_conversations
         full = tuple(self._full_hosts(route, model, tried)) if look else ()
@@ -156,7 +174,8 @@ class Waits:
         if route.spillover:
             hosts = [states[h] for h in route.hosts if h not in skip and h in states]
             healthy = [s for s in hosts if s.healthy]
-            return not spill_places(healthy, model, self.traffic.usage, self.clock.seconds())
+            usage, now, idle = self.traffic.usage, self.clock.seconds(), route.min_idle_before_evict
+            return not spill_places(healthy, model, usage, now, idle)
         return True
 
     def _home(
@@ -193,6 +212,11 @@ class Waits:
         limit = PoolLimit(route.name, route.max_waiting)
         home = self._home(route, model, conversation)
         pool = (route.name, model) if home is None else (route.name, model, home)
+        made = self.queue.make_room(flow, limit, now)  # the biggest holder's newest gives way
+        if made is not None:
+            self._held.pop(made[0].seq, None)
+            self._unhome(made[0].seq)
+            made[0].item.shed(made[1])
         placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
         if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a
             self.clock.callLater(0, self._release, flow.name)  # rule) once it is queued
@@ -229,8 +253,9 @@ class Waits:
         if route is None or not self._must_wait(route, pool[1], ()):
             waiting.item.dispatched(now - waiting.arrived)
             return
+        limit = PoolLimit(route.name, route.max_waiting)  # still counted in its route's room
         placed = self.queue.push(
-            pool, waiting.flow, waiting.item, now, waiting.deadline, arrived=waiting.arrived
+            pool, waiting.flow, waiting.item, now, waiting.deadline, limit, waiting.arrived
         )
         if isinstance(placed, Refused):  # a reload lowered its key's max_waiting meanwhile
             waiting.item.shed(placed)
@@ -258,6 +283,9 @@ class Waits:
         request just ended in it, if that is how)."""
         if not self.queue.waiting():
             return  # nothing waits: costs nothing
+        state = self.table.view.get(host)
+        if state is not None and not state.healthy:
+            return  # a host that is down takes nothing from the queue
         routes = self._serving.get(host, ())
         pools: list[Hashable] = [(route, model) for route in routes]
         pools += [(route, model, host) for route in routes]  # turns waiting for this host

@@ -66,6 +66,12 @@ class LoadBudget:
             f"(max_loads_per_minute); try again in {wait} s"
         )
 
+    def retry_after(self, holder: KeyHolder | None, now: float) -> int:
+        """Seconds until ``holder``'s oldest load of the last minute no longer counts
+        (at least 1): when a load refused now may be asked for again."""
+        times = self._recent(holder.name, now) if holder is not None else None
+        return max(1, round(times[0] + self.window - now)) if times else 1
+
     def count(self, holder: KeyHolder | None, now: float) -> None:
         """A request of ``holder``'s made a host load a model (or start loading it)."""
         if holder is None or holder.max_loads_per_minute is None:

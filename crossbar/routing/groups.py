@@ -29,6 +29,29 @@ def best_group(
     return group or healthy
 
 
+def served_model(
+    route: RouteConfig, model: str | None, states: Mapping[str, HostState]
+) -> str | None:
+    """The model a request naming ``model`` runs as on ``route``, which its slot counts
+    against and its wait is for: ``model`` itself when a healthy host of the route knows
+    it (a router answers a name it does not know with an error, itself); else the one
+    model of the route's first healthy host that lists only one (a single-model
+    llama-server answers any name, or none, with its one model); else ``model``."""
+    healthy = [states[h] for h in route.hosts if h in states and states[h].healthy]
+    if model is not None and any(model in s.known for s in healthy):
+        return model
+    return next((s.known[0] for s in healthy if len(s.known) == 1), model)
+
+
+def no_host(route: RouteConfig, states: Mapping[str, HostState], tried: Sequence[str]) -> str:
+    """Why no host of ``route`` is left for a request that has tried ``tried``, in words
+    that are true: none is healthy, or every healthy one failed it already."""
+    healthy = [h for h in route.hosts if h in states and states[h].healthy]
+    if healthy and all(h in tried for h in healthy):
+        return "no healthy host left: each one failed this request before answering"
+    return "no healthy host"
+
+
 def routes_down(routes: Mapping[str, RouteConfig], states: Mapping[str, HostState]) -> list[str]:
     """The routes that have no healthy host, in config order."""
     return [

@@ -1,6 +1,7 @@
 """Usage: the tokens and timings each answer reports, read as it streams by, and kept
 across restarts in a SQLite store, summed per minute."""
 
+from crossbar.usage.counts import Bounds
 from crossbar.usage.ledger import UsageLedger
 from crossbar.usage.queries import QueriesBusy, UsageQueries
 from crossbar.usage.reader import APIS, AnswerReader
@@ -13,6 +14,7 @@ __all__ = [
     "COUNTS",
     "GROUPS",
     "AnswerReader",
+    "Bounds",
     "OneThread",
     "QueriesBusy",
     "UsageLedger",

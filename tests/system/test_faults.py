@@ -907,3 +907,29 @@ async def test_a_stuck_host_does_not_block_other_routes(
     await eventually(lambda: in_flight["gpu-a"] == 0, 2.0, "stuck requests over")
     assert queue.waiting() == 0  # those that waited left at once too
     assert rig.state("gpu-a").healthy  # clients leaving is no fault of the host
+
+
+@pytest_twisted.ensureDeferred
+async def test_made_up_model_names_share_a_single_model_host_s_slots(make: RigMaker) -> None:
+    """A single-model llama-server answers any name with its one model: six requests
+    naming m0...m5 take its 2 slots and the other 4 wait in crossbar, as six naming its
+    listed id would."""
+    sim = SimulatedHost({"tiny-a.gguf": "loaded"}, router=False, slots=2)
+    routes = {"lab": RouteConfig("lab", ("gpu-a",), None)}
+    rig = await make({"gpu-a": sim}, routes=routes)
+    await eventually(lambda: rig.state("gpu-a").slots == {"tiny-a.gguf": 2}, 3.0, "slots")
+    sim.fault = "hang"
+    pending = []
+    for n in range(6):
+        body = json.dumps({"model": f"m{n}", "messages": [{"role": "user", "content": "hi"}]})
+        d = rig.client.post(rig.base + CHAT, data=body.encode())
+        d.addErrback(lambda _: None)
+        pending.append(d)
+    traffic = rig.crossbar.traffic
+    await eventually(
+        lambda: (traffic.in_flight["gpu-a"], traffic.queue.waiting()) == (2, 4), 3.0, "2 and 4"
+    )
+    assert traffic.busy == {("gpu-a", "tiny-a.gguf"): 2}
+    for d in pending:
+        d.cancel()
+    await DeferredList(pending)

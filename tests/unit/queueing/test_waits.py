@@ -192,10 +192,14 @@ def test_admission_says_go_wait_or_no_and_the_slot_released_goes_to_whoever_wait
     assert isinstance(queued, Queued) and memory.traffic.queue.waiting() == 1
     refused = waits.admit(second, route, "m", alice)  # alice may have 1 waiting
     assert isinstance(refused, Refused) and refused.status == 429
-    tried = waits.admit(Told(), route, "m", alice, tried=["gpu-a"], counted=True)
-    assert tried == Go(("gpu-b",))  # a failover goes on, leaving out the full host
+    failover, bob = Told(), Flow("bob", 1)
+    waits.queue.started(bob, memory.clock.seconds())
+    again = waits.admit(failover, route, "m", bob, tried=["gpu-a"], counted=True)
+    assert isinstance(again, Queued)  # every host it may still use is full: it waits again
     memory.clock.advance(2)
-    waits.release(None, "gpu-b", "m")  # a request left gpu-b: its slot goes to the first
+    waits.release(None, "gpu-b", "m")  # a request left gpu-b: its slot goes to the one
+    assert failover.told == [("dispatched", 2)] and first.told == []  # with none running
+    waits.release(None, "gpu-a", "m")
     assert first.told == [("dispatched", 2)] and second.told == []
 
 

@@ -12,7 +12,7 @@ import pytest
 from crossbar.config import Policy, RouteConfig, WhenAllDown
 from crossbar.polling.health import HostState
 from crossbar.routing.affinity import Conversations, Placement
-from crossbar.routing.groups import no_healthy_host, routes_down
+from crossbar.routing.groups import no_healthy_host, no_host, routes_down, served_model
 from crossbar.routing.policies import REGISTRY, Ask, CacheAffinity, Conversation, RoundRobin
 from crossbar.routing.rendezvous import rendezvous
 
@@ -252,6 +252,26 @@ def test_routes_down_lists_routes_without_a_healthy_host_in_config_order() -> No
     }
     assert routes_down(routes, states) == ["zeta", "ghost", "alpha"]
     assert routes_down({"mixed": routes["mixed"]}, states) == []
+
+
+def test_a_slot_counts_against_the_model_the_host_runs_whatever_name_was_sent() -> None:
+    one = state("one", loaded=("tiny-a.gguf",))
+    router = state("router", loaded=("x",), known=("y",))
+    assert served_model(route("one"), "m0", {"one": one}) == "tiny-a.gguf"
+    assert served_model(route("one"), None, {"one": one}) == "tiny-a.gguf"
+    assert served_model(route("router", "one"), "y", {"router": router, "one": one}) == "y"
+    assert served_model(route("router"), "m0", {"router": router}) == "m0"  # refused there
+    down = {"one": state("one", healthy=False, loaded=("tiny-a.gguf",))}
+    assert served_model(route("one"), "m0", down) == "m0"
+
+
+def test_the_503_says_whether_no_host_is_healthy_or_each_healthy_one_failed_already() -> None:
+    states = {"a": state("a", healthy=False), "b": state("b")}
+    assert no_host(route("a", "b"), states, []) == "no healthy host"
+    assert no_host(route("a", "b"), states, ["b"]) == (
+        "no healthy host left: each one failed this request before answering"
+    )
+    assert no_host(route("a"), states, ["a"]) == "no healthy host"
 
 
 # -- cache_affinity ---------------------------------------------------------------------------
