@@ -19,7 +19,6 @@ from typing import Any
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IListeningPort
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from crossbar import __version__
@@ -52,10 +51,6 @@ from crossbar.upstream import describe
 from crossbar.usage import OneThread, UsageLedger, UsageQueries, UsageStore
 
 log = Logger()
-
-WAITS_SWEPT_EVERY = 0.05
-"""Seconds between two answers, while crossbar stops, to the requests that began waiting
-for a slot since the last (a just accepted connection's first request)."""
 
 __all__ = ["Crossbar", "announcement"]
 
@@ -146,17 +141,8 @@ class Crossbar(MultiService):
         if self.status.draining:
             return
         self.status.draining = True
-        # Nobody waits for a slot of a crossbar that stops: those waiting are answered 503
-        # now, and so is, within moments, a first request that comes during the drain (on
-        # a connection accepted as it began) and finds every slot busy. It would otherwise
-        # wait for the answers in flight, until the drain cuts it.
-        sweep = LoopingCall(self.waits.drain)
-        sweep.clock = self._reactor
-        sweep.start(WAITS_SWEPT_EVERY, now=True)
-        try:
-            await self.door.drain(self.config.drain_timeout)
-        finally:
-            sweep.stop()
+        self.waits.drain()  # nobody waits for a slot of a crossbar that stops, from now on
+        await self.door.drain(self.config.drain_timeout)
 
     def _context(self, config: Config) -> ProxyContext:
         hosts, reactor, observer = self.hosts, self._reactor, self._observer

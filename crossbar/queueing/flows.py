@@ -75,7 +75,7 @@ class Refused:
 def refusal(name: str, limit: int, waited: float) -> Refused:
     """A 429 in words; retry after about as long as the oldest of those waiting has
     waited (roughly how long the queue takes to turn over), 1 s to 5 min."""
-    words = f"{limit} requests already waiting" if limit else "every slot is busy, none may wait"
+    words = f"{_requests(limit)} already waiting" if limit else "every slot is busy, none may wait"
     return Refused(429, f"{name}: {words}", _retry_after(waited))
 
 
@@ -83,10 +83,14 @@ def gave_way(name: str, limit: int, held: int, waited: float) -> Refused:
     """The 429 in words for a request that gave its place up in ``name``'s full waiting
     room: its client held the most places (``held``), and one holding fewer came."""
     words = (
-        f"{name}: {limit} requests already waiting, {held} of them this client's, the most"
+        f"{name}: {_requests(limit)} already waiting, {held} of them this client's, the most"
         " of any: its newest gave way to another client's"
     )
     return Refused(429, words, _retry_after(waited))
+
+
+def _requests(count: int) -> str:
+    return "1 request" if count == 1 else f"{count} requests"
 
 
 def _retry_after(waited: float) -> int:

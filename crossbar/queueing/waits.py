@@ -40,6 +40,10 @@ to end). On the simulator with the queue full, a light flow's next request came 
 (p50) and 17.6 ms (p95) after its last ended."""
 
 
+STOPPING = Refused(503, "crossbar is stopping", 5, "stopping")
+"""The answer to a request that waits, or would, for a slot of a crossbar that stops."""
+
+
 class Waiter(Protocol):
     """What a waiting request is to the queue (an :class:`~crossbar.proxy.exchange.Exchange`)."""
 
@@ -74,6 +78,8 @@ class Waits:
         self._serving: dict[str, list[str]] = {}
         """Each host's routes: the pools a slot of it can serve."""
         self._timer: IDelayedCall | None = None
+        self._stopping = False
+        """crossbar stops (:meth:`drain`): a request that would wait is answered 503."""
         self._held: dict[int, Waiting[Waiter]] = {}
         """Every request waiting now, by its number (a stop answers them all)."""
         self._homing: dict[int, IDelayedCall] = {}
@@ -206,8 +212,11 @@ class Waits:
         flow: Flow,
         conversation: Conversation | None = None,
     ) -> Waiting[Waiter] | Refused:
-        """Queue ``waiter`` (or say why not: a limit, answered 429): for its own host
-        first, when it is a ``cache_affinity`` turn whose host is full."""
+        """Queue ``waiter`` (or say why not: a limit, answered 429; crossbar stopping,
+        503): for its own host first, when it is a ``cache_affinity`` turn whose host is
+        full."""
+        if self._stopping:
+            return STOPPING
         now = self.clock.seconds()
         limit = PoolLimit(route.name, route.max_waiting)
         home = self._home(route, model, conversation)
@@ -358,7 +367,10 @@ class Waits:
         return not self._must_wait(route, pool[1], ())
 
     def drain(self) -> None:
-        """crossbar is stopping: whoever waits is answered 503 now."""
+        """crossbar is stopping: whoever waits is answered 503 now, and so is, from now on,
+        a request that would wait (a first request on a connection accepted as the drain
+        began): it would otherwise wait for the answers in flight, until the drain cuts it."""
+        self._stopping = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -367,6 +379,6 @@ class Waits:
             self._unhome(seq)
         for waiting in held.values():
             self.queue.remove(waiting)
-            waiting.item.shed(Refused(503, "crossbar is stopping", 5, "stopping"))
+            waiting.item.shed(STOPPING)
         for name in list(self._kept):
             self._release(name)

@@ -134,12 +134,13 @@ async def test_a_first_request_finding_every_slot_busy_is_told_at_once(make: Rig
     rig = await make({"gpu-a": SimulatedHost(chunks=60, chunk_interval=0.05)}, adjust=one_slot)
     _, reader = await rig.stream(CHAT, STREAM)  # 3 s of answer, in the one slot
     await guard(reader.bytes(1), 2, "first chunk")
-    sock = socket.create_connection(("127.0.0.1", rig.port), timeout=10)
+    port = rig.port  # closed once the drain begins
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     await eventually(lambda: rig.crossbar.site.open_connections == 2, 2, "second connection")
     stopping = Deferred.fromCoroutine(rig.crossbar.drain())
     await turns(2)
     started = time.monotonic()
-    sock.sendall(b"GET /lab/v1/models HTTP/1.1\r\nHost: crossbar\r\n\r\n")
+    sock.sendall(raw_request(port, CHAT, b'{"model": "tiny-a", "prompt": "hi"}'))
     answer = await deferToThread(_read_all, sock)
     assert time.monotonic() - started < 1.5
     assert answer.startswith(b"HTTP/1.1 503")  # and closed: read to its end

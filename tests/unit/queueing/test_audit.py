@@ -77,7 +77,7 @@ def test_one_key_cannot_shut_everyone_else_out_of_a_full_waiting_room() -> None:
     assert memory.traffic.queue.flow("carol") == (1, 0)  # let in
     head, _, body = mine[-1].received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 429")
-    assert json.loads(body)["error"] == (
+    assert json.loads(body)["error"]["message"] == (
         "lab: 4 requests already waiting, 4 of them this client's, the most of any: its"
         " newest gave way to another client's"
     )
@@ -131,7 +131,7 @@ def test_a_turn_done_waiting_for_its_home_still_counts_in_the_route_s_waiting_ro
 
     head, _, body = late.received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 429")
-    assert json.loads(body)["error"] == "lab: 1 requests already waiting"
+    assert json.loads(body)["error"]["message"] == "lab: 1 request already waiting"
 
 
 def test_a_host_that_dies_sends_its_requests_and_the_queue_to_the_host_still_up() -> None:
