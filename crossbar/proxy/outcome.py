@@ -45,6 +45,8 @@ class Outcome:
     """Seconds until the host's status line."""
     reader: AnswerReader | None = None
     """What the answer says of its work, where its API says it."""
+    size_note: str | None = None
+    """What its prompt's size changed, in words (:class:`crossbar.proxy.fitting.Fit`)."""
 
     def record(self, request: server.Request, phase: Phase, sent: int, now: float) -> RequestRecord:
         """The record of the request as it ended at ``now`` in ``phase``, ``sent`` bytes
@@ -84,6 +86,7 @@ class Outcome:
             generated_tokens=None if usage is None else usage.generated,
             first_token=None if first is None else first - self.started,
             tokens_per_second=None if usage is None else usage.tokens_per_second,
+            size_note=self.size_note,
         )
 
 

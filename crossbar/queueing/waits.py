@@ -101,6 +101,7 @@ class Waits:
         conversation: Conversation | None = None,
         *,
         tried: Sequence[str] = (),
+        small: Sequence[str] = (),
         waited: bool = False,
         counted: bool = False,
     ) -> Go | Queued | Refused:
@@ -108,12 +109,13 @@ class Waits:
         (:class:`Queued`: ``waiter`` is told later) or is answered now (:class:`Refused`,
         past a limit). Only a request's first try may wait: ``tried`` (hosts that failed
         it) and ``waited`` (it was dispatched from the queue) go on at once. ``counted``:
-        its flow's share counts it already (else it does from now on)."""
-        if not tried and not waited and self._must_wait(route, model, (), conversation):
-            placed = self._wait(waiter, route, model, flow, conversation)
+        its flow's share counts it already (else it does from now on). ``small``: hosts
+        too small for its prompt, neither waited for nor counted as full."""
+        if not tried and not waited and self._must_wait(route, model, small, conversation):
+            placed = self._wait(waiter, route, model, flow, conversation, small)
             return placed if isinstance(placed, Refused) else Queued(placed)
         look = waited or not self.traffic.policies.of(route).reads_conversations
-        full = tuple(self._full_hosts(route, model, tried)) if look else ()
+        full = tuple(self._full_hosts(route, model, [*tried, *small])) if look else ()
         if not counted:
             self.queue.started(flow, self.clock.seconds())
             self._release(flow.name)
@@ -149,7 +151,7 @@ class Waits:
         busy = [s for s in group if full(s, model)]
         if not busy and not skip:  # most requests: then no host, its home neither, is full
             return False
-        if self._home(route, model, conversation) is not None:
+        if self._home(route, model, conversation, skip) is not None:
             return True
         if not group or len(busy) < len(group):
             return False
@@ -160,11 +162,16 @@ class Waits:
         return True
 
     def _home(
-        self, route: RouteConfig, model: str | None, conversation: Conversation | None
+        self,
+        route: RouteConfig,
+        model: str | None,
+        conversation: Conversation | None,
+        skip: Iterable[str] = (),
     ) -> str | None:
         """The host a ``cache_affinity`` turn is to wait for: the one its conversation's
         last turn went to (or, seen first after its first turn, its hash's home), in the
-        best group and with every slot busy; ``None`` when there is none to wait for."""
+        best group and with every slot busy, not in ``skip`` (too small for it); ``None``
+        when there is none to wait for."""
         if conversation is None or not route.home_wait or not route.queue:
             return None
         policy = self.traffic.policies.of(route)
@@ -175,7 +182,9 @@ class Waits:
         if host is None and conversation.turn:  # answered before, elsewhere
             host = rendezvous(conversation.key, list(group))[0] if group else None
         state = group.get(host) if host is not None else None
-        if state is None or len(group) < 2 or not self.traffic.usage.full(state, model):
+        if state is None or len(group) < 2 or state.name in skip:
+            return None
+        if not self.traffic.usage.full(state, model):
             return None
         return state.name
 
@@ -186,12 +195,13 @@ class Waits:
         model: str | None,
         flow: Flow,
         conversation: Conversation | None = None,
+        small: Sequence[str] = (),
     ) -> Waiting[Waiter] | Refused:
         """Queue ``waiter`` (or say why not: a limit, answered 429): for its own host
         first, when it is a ``cache_affinity`` turn whose host is full."""
         now = self.clock.seconds()
         limit = PoolLimit(route.name, route.max_waiting)
-        home = self._home(route, model, conversation)
+        home = self._home(route, model, conversation, small)
         pool = (route.name, model) if home is None else (route.name, model, home)
         placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
         if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a

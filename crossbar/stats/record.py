@@ -70,6 +70,11 @@ class RequestRecord:
     """Seconds until the answer's first content event: not its head, not a ping."""
     tokens_per_second: float | None = None
     """Generation speed, as the host timed it, else as crossbar saw the content come."""
+    size_note: str | None = None
+    """What its prompt's size changed, in words: the hosts passed over as too small for it
+    (``~9000 tokens: too long for gpu-a``), a host's refusal and the move to another
+    (``moved: 9120 tokens > gpu-a's window 8192``), or crossbar's own refusal when no host
+    fits (``too long for every host: ...``)."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""
@@ -80,6 +85,8 @@ class RequestRecord:
             notes.append(f"moved from {self.moved_from}")
         if self.waited is not None:
             notes.append(f"waited {self.waited * 1000:.0f}ms for a slot")
+        if self.size_note is not None:
+            notes.append(self.size_note)
         return notes
 
 
