@@ -86,7 +86,7 @@ def _windows_read(daemon: Daemon) -> bool:
     """Whether crossbar knows both hosts' windows (its status JSON shows each host's)."""
     try:
         with urllib.request.urlopen(f"{daemon.url}/_crossbar/status", timeout=2) as answer:
-            text = answer.read().decode()
+            text: str = answer.read().decode()
     except OSError:
         return False
     return text.count('"windows"') >= 2
@@ -216,3 +216,33 @@ def test_codex_tells_the_person_when_its_request_fits_no_host(
     )
     assert said in run.err, shown(run, hosts)
     assert " POST /v1/responses 400 " in hosts.access(1)[0]
+
+
+@pytest.mark.soak
+def test_opencode_compacts_when_its_request_fits_no_host_and_prints_crossbar_s_words(
+    fleet: Callable[[int, int], Fleet], tmp_path: Path
+) -> None:
+    """OpenCode compacts on ``context_length_exceeded`` (its summary request is answered)
+    and sends the turn again; when its own system prompt and tools alone outgrow every
+    host, it does so again and again, printing crossbar's words each time, until stopped.
+    Opt-in (``-m soak``): a run lasts its whole timeout (20 s)."""
+    from tests.system.test_opencode import install_opencode, opencode_env, opencode_json
+
+    hosts = fleet(4_096, 4_096)
+    project = tmp_path / "project"
+    project.mkdir()
+    settings = opencode_json(f"{hosts.crossbar.url}/lab/v1")
+    (project / "opencode.json").write_text(json.dumps(settings))
+    argv = [str(install_opencode()), "run", "--model", f"lab/{MODEL}", "say hi"]
+    run = run_agent(argv, project, opencode_env(tmp_path / "home"), timeout=20)
+    assert run.code is None, shown(run, hosts)  # it never gave up by itself
+    said = re.search(
+        r"Error: This model's maximum context length is 4096 tokens\. However, your messages"
+        r" resulted in (\d+) tokens\.",
+        run.out + run.err,
+    )
+    assert said, shown(run, hosts)
+    lines = hosts.access(3)
+    refused = [n for n, line in enumerate(lines) if " 400 " in line]
+    assert refused and "(too long for every host: " in lines[refused[0]]
+    assert any(" 200 " in line for line in lines[refused[0] + 1 :])  # its summary request
