@@ -270,9 +270,9 @@ class Exchange(AnswerRelay):
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.cancel()  # closes the connection
-        if self._held is not None:
-            self._held.stop()
         if self._on(Event.TIMED_OUT):
+            if self._held is not None:  # a short 400 whose body never came whole
+                self._held.stop()
             self._error(504, "upstream timeout", {"host": host})
 
     def not_answered(self, reason: Failure) -> None:
