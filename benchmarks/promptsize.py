@@ -1,4 +1,4 @@
-"""How far off crossbar's guess of a prompt's tokens is (``crossbar.proxy.promptsize``), per
+"""How far off crossbar's guess of a prompt's tokens is (``crossbar.routing.promptsize``), per
 API shape, on conversations that grow turn by turn as an agent's do:
 
     .venv/bin/python benchmarks/promptsize.py [--turns 40]
@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from crossbar.proxy.promptsize import FIRST_BYTES_PER_TOKEN, PromptSizes  # noqa: E402
+from crossbar.routing.promptsize import FIRST_BYTES_PER_TOKEN, PromptSizes  # noqa: E402
 from crossbar.testing.simulator.apis import prompt  # noqa: E402
 
 SYSTEM = (ROOT / "docs" / "clients.md").read_text()[:24_000]

@@ -117,7 +117,7 @@ def _request(record: RequestRecord, event: LogEvent) -> _RequestLine:
     # Most requests went as asked: their notes (a list, made) are looked for only if not.
     unusual = record.cut_off or record.client_left or len(record.tried) > 1
     unusual = unusual or record.moved_from is not None or waited is not None
-    unusual = unusual or record.reason is not None
+    unusual = unusual or record.reason is not None or record.size_note is not None
     return _RequestLine(
         _time(event.get("log_time")),
         getattr(event.get("log_level"), "name", None),

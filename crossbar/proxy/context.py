@@ -10,8 +10,8 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar.config import Config, HostSettings
 from crossbar.http import host_keys
 from crossbar.polling import HealthTable
-from crossbar.proxy.promptsize import PromptSizes
 from crossbar.queueing import Traffic, Waits
+from crossbar.routing import PromptSizes
 from crossbar.stats import ProxyObserver
 from crossbar.upstream import Upstreams
 

@@ -15,53 +15,51 @@ ended and does nothing. What its record will say is filled in as it goes, in one
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.internet import error
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
-from twisted.web.client import ResponseDone, ResponseNeverReceived
-from twisted.web.http import PotentialDataLoss
+from twisted.web.client import ResponseNeverReceived
 
 from crossbar.http import (
     BadTarget,
     Deadline,
-    answer_headers,
     answer_json,
     borrow,
     error_payload,
     give_back,
     lender_of,
-    release_body,
-    stopping,
     when_over,
 )
 from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
-from crossbar.proxy.outcome import Outcome, answer_reader
-from crossbar.proxy.permits import admission, check_model, load_refusal, load_watched, revoked
-from crossbar.proxy.phases import ENDED, Event, Phase, next_phase
-from crossbar.proxy.relay import LoadCheck, StreamBody
+from crossbar.proxy.fitting import Fit
+from crossbar.proxy.hostanswer import AnswerRelay
+from crossbar.proxy.outcome import Outcome
+from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
+from crossbar.proxy.phases import Event, Phase, next_phase
+from crossbar.proxy.refusalbody import RefusalBody
+from crossbar.proxy.relay import StreamBody
 from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
 from crossbar.routing import Ask, no_host, served_model
-from crossbar.upstream import Call, Discard, Response, describe
+from crossbar.upstream import Call, Response, describe
 
 log = Logger()
 _RETRYABLE = (error.ConnectError, error.DNSLookupError, ResponseNeverReceived)
 """Failures that happen before any answer: the request can be tried on another host."""
 
 
-class Exchange:
+class Exchange(AnswerRelay):
     """One client request, and its upstream request (tried on more hosts if need be).
 
     Always there: ``proxy``, ``request``, ``phase`` and ``outcome`` (what its record will
     say, filled in as it goes); ``demand`` (what it asks) once the request is read. Each
     phase's own: ``QUEUED`` its place in the queue (``_waiting``); ``WAITING`` the upstream
     call (``_pending``); ``WAITING`` and ``STREAMING`` the deadline of the host's answer
-    (``_deadline``); ``STREAMING`` the body being relayed (``_body``). From its first host
-    to its end, ``_counted`` is the host its slot is counted on.
+    (``_deadline``); ``HOLDING`` the short ``400`` being read (``_held``); ``STREAMING`` the
+    body being relayed (``_body``). From its first host to its end, ``_counted`` is the
+    host its slot is counted on; ``fit`` routes it by its prompt's size.
     """
 
     phase = Phase.CHOOSING  # defaults are the class's: an exchange is made per request
@@ -73,6 +71,8 @@ class Exchange:
     _deadline: Deadline | None = None  # the host's answer's: its head, then each chunk
     _body: StreamBody | None = None
     _waiting: Waiting[Waiter] | None = None
+    _held: RefusalBody | None = None
+    fit: Fit | None = None  # once the request is read
 
     def __init__(self, proxy: ProxyContext, request: server.Request) -> None:
         self.proxy = proxy
@@ -122,13 +122,15 @@ class Exchange:
         check_model(route, request, demand)
         demand.model = served_model(route, demand.model, proxy.table.view)  # what its slot is
         self.demand, self._forward_body, outcome.model = demand, demand.body, demand.asked
+        self.fit = Fit(proxy, demand, outcome)
         return True
 
     def _try_next(self, last_error: str | None = None, timed_out: bool = False) -> None:
         proxy, outcome, demand = self.proxy, self.outcome, self.demand
-        route, exclude = outcome.route, outcome.tried
-        assert route is not None
-        admitted = admission(proxy, self, self.request, demand, outcome, self._counted)
+        route, fit = outcome.route, self.fit
+        assert route is not None and fit is not None
+        small = fit.small(route, outcome.tried)  # too small for its prompt: passed over
+        admitted = admission(proxy, self, self.request, demand, outcome, self._counted, small)
         if not isinstance(admitted, Go):  # its slot where it failed, if any, was given back
             self._counted = None
         if isinstance(admitted, Queued):
@@ -138,7 +140,7 @@ class Exchange:
         if isinstance(admitted, Refused):
             self.shed(admitted)
             return
-        exclude = exclude + list(admitted.full)
+        exclude = outcome.tried + small + list(admitted.full)
         ask = Ask(demand.model, demand.conversation, exclude, proxy.clock.seconds())
         policy = proxy.traffic.policies.of(route)
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
@@ -220,34 +222,38 @@ class Exchange:
     def answered(self, response: Response) -> None:
         """The host's head is in (told by the upstream call, as are the two below)."""
         self._pending = None
-        self._stop_deadline()
-        proxy, outcome, host = self.proxy, self.outcome, self.outcome.host
-        assert host is not None
+        proxy, outcome, fit = self.proxy, self.outcome, self.fit
+        host = outcome.host
+        assert host is not None and fit is not None
         now = proxy.clock.seconds()
         outcome.first_byte = now - outcome.started
         proxy.table.judge_answer(host, response.code, now - self._attempt_started)
-        request, watched = self.request, load_watched(proxy, host, self.demand, response.code)
-        if not watched:  # the host has it, and no other host will be tried
-            self._forward_body = None
-            release_body(request)
-        if not self._on(Event.HEAD_RECEIVED):
-            response.deliverBody(Discard())
+        if fit.holds(response.code, response.length) and self._on(Event.HEAD_HELD):
+            # the head's deadline goes on: the rest of a short body is due with it
+            self._held = RefusalBody(lambda body, whole: self._refused(response, body, whole))
+            response.deliverBody(self._held)
             return
-        request.setResponseCode(response.code, response.phrase)
-        answer_headers(request.responseHeaders, response.headers, response.length, host)
-        streamed = any(n.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                       for n, v in response.headers)  # fmt: skip
-        outcome.reader = answer_reader(proxy, host, self.demand, streamed)  # of its work
-        body = StreamBody(request, proxy.clock, proxy.settings[host].idle_timeout,
-                          self.upstream_idle, self.upstream_ended, self.client_stalled,
-                          self._deadline, outcome.reader)  # fmt: skip
-        self._body = body
-        response.deliverBody(LoadCheck(body, request, self._load_failed) if watched else body)
-        # deliverBody may have finished the exchange (a body that came whole): then no
-        # producer (registering it would raise) and no idle timer.
-        if self.phase is Phase.STREAMING:
-            body.arm()
-            request.registerProducer(body, True)
+        self._relay(response, response.deliverBody)
+
+    def _refused(self, response: Response, body: bytes, whole: bool) -> None:
+        """A short ``400``'s body, read: a refusal of a prompt too long for the host is tried
+        on another host or answered in the API's words; anything else is relayed."""
+        held, self._held, fit, host = self._held, None, self.fit, self.outcome.host
+        assert held is not None and fit is not None and host is not None
+        if self.phase is not Phase.HOLDING:  # the client left, or no answer in time
+            held.stop()
+            return
+        after = fit.refused(host, response.code, body, self.outcome.tried) if whole else None
+        if after is None:
+            self._relay(response, held.hand_over)
+        elif isinstance(after, str):
+            self._stop_deadline()
+            self._on(Event.HOST_FAILED)
+            self._try_next(after)
+        else:
+            self._stop_deadline()
+            self._on(Event.ANSWERED_HERE)
+            answer_json(self.request, after[0], after[1], host)
 
     def _load_failed(self) -> None:
         """Its host said it failed to load the model (:class:`LoadCheck`): it is not asked
@@ -275,6 +281,8 @@ class Exchange:
         if pending is not None:
             pending.cancel()  # closes the connection
         if self._on(Event.TIMED_OUT):
+            if self._held is not None:  # a short 400 whose body never came whole
+                self._held.stop()
             self._error(504, "upstream timeout", {"host": host})
 
     def not_answered(self, reason: Failure) -> None:
@@ -297,79 +305,6 @@ class Exchange:
         log.warn("host {host} failed before answering: {why}", host=host, why=why)
         self.fail(502, "upstream failed", host=host)
 
-    # -- streaming -------------------------------------------------------------------------
-
-    def upstream_idle(self) -> None:
-        """No body chunk came for ``idle_timeout``: give up on this host."""
-        host = self.outcome.host
-        assert host is not None and self._body is not None
-        timeout = self.proxy.settings[host].idle_timeout
-        self.proxy.table.request_failed(host, f"answer idle for {timeout:g}s")
-        log.warn("host {host} went quiet for {t:g}s mid-answer", host=host, t=timeout)
-        if self.request.startedWriting:
-            self._cut_off()
-            return
-        if not self._on(Event.TIMED_OUT):  # before the body's end, which then changes nothing
-            return
-        self._body.stopProducing()
-        self.request.unregisterProducer()
-        self._error(504, "upstream timeout", {"host": host})
-
-    def client_stalled(self) -> None:
-        """The client read nothing of its answer for ``idle_timeout``: it holds a host's
-        connection (and maybe a GPU slot) for nothing. Both sides end, as if it left."""
-        host = self.outcome.host
-        assert host is not None
-        said = "a client read nothing for {t:g}s of its answer from {host}: both ended"
-        log.warn(said, t=self.proxy.settings[host].idle_timeout, host=host)
-        if not self._on(Event.CLIENT_LEFT):
-            return
-        if self._body is not None:
-            self._body.stopProducing()
-        self._abort_client()
-
-    def upstream_ended(self, reason: Failure) -> None:
-        """The upstream body ended: cleanly, broken, or because we stopped it."""
-        if self.phase is not Phase.STREAMING:
-            return
-        request = self.request
-        request.unregisterProducer()
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self._on(Event.BODY_ENDED)
-            request.finish()
-            return
-        host = self.outcome.host
-        assert host is not None
-        if stopping(request):  # crossbar itself cut it, past drain_timeout
-            self._cut_off()
-            return
-        why = describe(reason)
-        self.proxy.table.request_failed(host, f"answer broken: {why}")
-        log.warn("host {host} broke an answer off: {why}", host=host, why=why)
-        # An SSE client must see an error, not a stream that merely looks complete.
-        self._cut_off()
-
-    def _cut_off(self) -> None:
-        """End an answer that has begun: the client's connection is aborted, so that it
-        cannot take what it got for a whole answer."""
-        if not self._on(Event.BODY_BROKEN):
-            return
-        if self._body is not None:
-            self._body.stopProducing()
-        self._abort_client()
-
-    def crashed(self, reason: Failure) -> None:
-        log.failure("crossbar: unexpected error while proxying", reason)
-        if self.phase not in ENDED:
-            if self.request.startedWriting:
-                self._cut_off()
-            else:
-                self.fail(500, "internal error")
-
-    def _abort_client(self) -> None:
-        transport: Any = self.request.transport
-        transport.abortConnection()
-
     # -- answers made here, and the end ------------------------------------------------
 
     def fail(self, status: int, message: str, **extra: str) -> None:
@@ -390,10 +325,15 @@ class Exchange:
                 self._pending.cancel()
             elif self._body is not None:
                 self._body.stopProducing()
+            elif self._held is not None:
+                self._held.stop()
         give_back(self._deadline, self)  # unless the connection's next request has it
         self._deadline = None
         host, self._counted = self._counted, None
         self._leave(host, self.outcome.flow)  # first: the slot frees to whoever waits next
         sent = self._body.sent if self._body is not None else 0
         now = self.proxy.clock.seconds()
-        self.proxy.observer.request_done(self.outcome.record(self.request, self.phase, sent, now))
+        record = self.outcome.record(self.request, self.phase, sent, now)
+        if self.fit is not None:
+            self.fit.learn(record.prompt_tokens)
+        self.proxy.observer.request_done(record)

@@ -3,7 +3,7 @@ for it, what an answer or a host's refusal teaches, and the answer when no host 
 
 Each call reads what the exchange has already (the body it forwards, the API of its path,
 its conversation, the answer's usage): nothing is decoded again. The rules are pure
-(:mod:`crossbar.proxy.promptsize`, :mod:`crossbar.routing.fit`,
+(:mod:`crossbar.routing.promptsize`, :mod:`crossbar.routing.fit`,
 :mod:`crossbar.proxy.overflow`); this module ties them to the proxy's context.
 """
 
@@ -15,9 +15,9 @@ from crossbar.config import RouteConfig
 from crossbar.http import too_long_payload
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked
-from crossbar.proxy.overflow import Overflow
-from crossbar.proxy.promptsize import Estimate
-from crossbar.routing import fits_nowhere, largest_window, too_small
+from crossbar.proxy.outcome import Outcome
+from crossbar.proxy.overflow import Overflow, may_be_refusal, read_overflow
+from crossbar.routing import Estimate, fits_nowhere, largest_window, too_small
 from crossbar.usage import APIS
 
 SIZED = APIS
@@ -83,3 +83,56 @@ def too_long_answer(
     states = proxy.table.view
     window = max(refusal.window, largest_window(route.hosts, asked.model, states) or 0)
     return 400, too_long_payload(path, refusal.prompt_tokens, window)
+
+
+class Fit:
+    """Routing by fit for one exchange: its prompt guessed once (:meth:`small` then names
+    the hosts to pass over), a host's refusal judged (:meth:`refused`), and the answer's
+    usage learned at its end (:meth:`learn`). What its size changed is written, in words,
+    to the outcome's ``size_note`` for the access line and the JSON log."""
+
+    __slots__ = ("_demand", "_estimate", "_outcome", "_proxy")
+
+    def __init__(self, proxy: ProxyContext, demand: Asked, outcome: Outcome) -> None:
+        self._proxy, self._demand, self._outcome = proxy, demand, outcome
+        self._estimate = prompt_estimate(proxy, demand)
+
+    def small(self, route: RouteConfig, tried: Sequence[str]) -> list[str]:
+        """The hosts of ``route`` (not ``tried``) too small for the request, by its estimate."""
+        estimate = self._estimate
+        if estimate is None:
+            return []
+        small = hosts_too_small(self._proxy, route, self._demand, estimate, tried)
+        if small:
+            self._outcome.size_note = f"~{estimate.tokens} tokens: too long for {', '.join(small)}"
+        return small
+
+    def holds(self, status: int, length: int | None) -> bool:
+        """Whether an answer's head may be a refusal of this request's prompt, its body to
+        be read whole before any of it is relayed."""
+        return self._estimate is not None and may_be_refusal(status, length)
+
+    def refused(
+        self, host: str, status: int, body: bytes, tried: Sequence[str]
+    ) -> tuple[int, dict[str, object]] | str | None:
+        """What to do with ``body``, a ``400`` that ``host`` answered: ``None``, relay it (it
+        is no refusal of a prompt too long); a reason, try another host, which may hold the
+        prompt; else the ``400`` and its body in the API's words, for no host fits. A
+        refusal teaches the host's window and the prompt's exact tokens."""
+        refusal = read_overflow(status, body)
+        route, proxy, demand = self._outcome.route, self._proxy, self._demand
+        if refusal is None or route is None:
+            return None
+        learn_refusal(proxy, demand, host, refusal)
+        said = f"{refusal.prompt_tokens} tokens > {host}'s window {refusal.window}"
+        if fits_elsewhere(proxy, route, demand, refusal, tried):
+            self._outcome.size_note = f"moved: {said}"
+            return said
+        status, payload = too_long_answer(proxy, route, demand, self._outcome.path, refusal)
+        self._outcome.size_note = f"too long for every host: {said}"
+        return status, payload
+
+    def learn(self, prompt_tokens: int | None) -> None:
+        """The answer's own count of its prompt tokens, learned for the next estimates."""
+        if self._estimate is not None:
+            learn_usage(self._proxy, self._demand, prompt_tokens)

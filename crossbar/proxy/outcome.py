@@ -54,6 +54,8 @@ class Outcome:
     """What the answer says of its work, where its API says it."""
     reason: str | None = None
     """The words of an answer crossbar made itself (a refusal, an error), for the log."""
+    size_note: str | None = None
+    """What its prompt's size changed, in words (:class:`crossbar.proxy.fitting.Fit`)."""
 
     def record(self, request: server.Request, phase: Phase, sent: int, now: float) -> RequestRecord:
         """The record of the request as it ended at ``now`` in ``phase``, ``sent`` bytes
@@ -94,6 +96,7 @@ class Outcome:
             first_token=None if first is None else first - self.started,
             tokens_per_second=None if usage is None else usage.tokens_per_second,
             reason=self.reason,
+            size_note=self.size_note,
         )
 
 

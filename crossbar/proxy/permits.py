@@ -6,6 +6,8 @@ is asked by the exchange at its step; none does I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from twisted.web import server
 
 from crossbar.config import KeyHolder, RouteConfig, key_held
@@ -27,11 +29,13 @@ def admission(
     asked: Asked,
     outcome: Outcome,
     holding: str | None = None,
+    small: Sequence[str] = (),
 ) -> Go | Queued | Refused:
     """Whether the request goes to a host now, waits for a slot, or is answered now
     (:meth:`crossbar.queueing.Waits.admit`). Only a request that takes a slot, on a route
     that queues, is asked; once admitted, its flow counts it (``outcome.flow``; not while
-    it waits, having given back its slot on ``holding``, if it held one). Its flow
+    it waits, having given back its slot on ``holding``, if it held one); ``small``: hosts
+    too small for its prompt, neither waited for nor counted as full. Its flow
     is who it is, for fairness: its key's holder, an unnamed key, or its client (behind
     one of the config's trusted proxies, the client that proxy forwards)."""
     route, waits = outcome.route, proxy.waits
@@ -44,7 +48,7 @@ def admission(
     admitted = waits.admit(
         waiter, route, asked.model, flow, asked.conversation,
         tried=outcome.tried, waited=outcome.waited is not None, counted=outcome.flow is not None,
-        holding=holding,
+        holding=holding, small=small,
     )  # fmt: skip
     outcome.flow = flow if isinstance(admitted, Go) else None
     return admitted

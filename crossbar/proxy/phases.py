@@ -21,6 +21,10 @@ class Phase(enum.Enum):
     """Every slot of its group is busy: it waits in crossbar (:mod:`crossbar.queueing.waits`)."""
     WAITING = "waiting for the host's head"
     """Sent to a host (connecting included); no status line yet."""
+    HOLDING = "reading what may be a refusal"
+    """The host's head is a short ``400``: its body is read whole before anything reaches
+    the client, for it may refuse a prompt too long for the host's window
+    (:mod:`crossbar.proxy.overflow`); then tried elsewhere, answered, or relayed."""
     STREAMING = "streaming the answer"
     """The host's status line came; its body is relayed as it arrives."""
     ANSWERED = "answered"
@@ -38,9 +42,13 @@ class Event(enum.Enum):
     QUEUED = "every slot of its group is busy: it waits in crossbar"
     DISPATCHED = "a slot of its group freed: on to choosing among the hosts with room"
     REFUSED = "the queue answered it: a limit, a wait past wait_timeout, crossbar stopping"
-    HOST_FAILED = "the host failed before any answer: another host is tried"
+    HOST_FAILED = (
+        "the host failed before any answer, or refused the prompt as too long for its"
+        " window: another host is tried"
+    )
     LOAD_FAILED = "the host answered that it failed to load the model: on to another, or waits"
     HEAD_RECEIVED = "the host's status line and headers came"
+    HEAD_HELD = "the host's head is a short 400: its body is read before any of it is relayed"
     BODY_ENDED = "the host's body ended whole"
     BODY_BROKEN = "the answer had begun and broke off (or went quiet, or crossbar stopped)"
     TIMED_OUT = "no head within header_timeout, or no chunk before any was sent: a 504"
@@ -65,6 +73,14 @@ MOVES: Mapping[Phase, Mapping[Event, Phase]] = {
         Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
     },
     Phase.WAITING: {
+        Event.HOST_FAILED: Phase.CHOOSING,
+        Event.HEAD_RECEIVED: Phase.STREAMING,
+        Event.HEAD_HELD: Phase.HOLDING,
+        Event.TIMED_OUT: Phase.ANSWERED,
+        Event.ANSWERED_HERE: Phase.ANSWERED,
+        Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
+    },
+    Phase.HOLDING: {
         Event.HOST_FAILED: Phase.CHOOSING,
         Event.HEAD_RECEIVED: Phase.STREAMING,
         Event.TIMED_OUT: Phase.ANSWERED,

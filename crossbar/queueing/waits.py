@@ -111,6 +111,7 @@ class Waits:
         conversation: Conversation | None = None,
         *,
         tried: Sequence[str] = (),
+        small: Sequence[str] = (),
         waited: bool = False,
         counted: bool = False,
         holding: str | None = None,
@@ -122,14 +123,15 @@ class Waits:
         dispatched from the queue (``waited``), waits again only when every healthy host
         it may still use is full: it is never answered an error for that. ``counted``: its
         flow's share counts it already (else it does from now on; not while it waits);
-        ``holding``: the host whose slot it holds, given back when it waits again."""
+        ``holding``: the host whose slot it holds, given back when it waits again;
+        ``small``: hosts too small for its prompt, neither waited for nor counted as full."""
         first = not tried and not waited
         if first and (
-            not self.queue.may_start(flow) or self._must_wait(route, model, (), conversation)
+            not self.queue.may_start(flow) or self._must_wait(route, model, small, conversation)
         ):  # past its max_in_flight it waits, free slots or not
-            placed = self._wait(waiter, route, model, flow, conversation)
+            placed = self._wait(waiter, route, model, flow, conversation, small)
             return placed if isinstance(placed, Refused) else Queued(placed)
-        if not first and self._must_wait(route, model, tried):
+        if not first and self._must_wait(route, model, [*tried, *small]):
             if counted:
                 self.queue.finished(flow, 0.0, self.clock.seconds())  # counted again when sent
             if holding is not None:  # first: its slot there frees to whoever waits next
@@ -137,7 +139,7 @@ class Waits:
             placed = self._wait(waiter, route, model, flow)
             return placed if isinstance(placed, Refused) else Queued(placed)
         look = waited or not self.traffic.policies.of(route).reads_conversations
-        full = tuple(self._full_hosts(route, model, tried)) if look else ()
+        full = tuple(self._full_hosts(route, model, [*tried, *small])) if look else ()
         if not counted:
             self.queue.started(flow, self.clock.seconds())
             self._release(flow.name)
@@ -173,7 +175,7 @@ class Waits:
         busy = [s for s in group if full(s, model)]
         if not busy and not skip:  # most requests: then no host, its home neither, is full
             return False
-        if self._home(route, model, conversation) is not None:
+        if self._home(route, model, conversation, skip) is not None:
             return True
         if not group or len(busy) < len(group):
             return False
@@ -185,11 +187,16 @@ class Waits:
         return True
 
     def _home(
-        self, route: RouteConfig, model: str | None, conversation: Conversation | None
+        self,
+        route: RouteConfig,
+        model: str | None,
+        conversation: Conversation | None,
+        skip: Iterable[str] = (),
     ) -> str | None:
         """The host a ``cache_affinity`` turn is to wait for: the one its conversation's
         last turn went to (or, seen first after its first turn, its hash's home), in the
-        best group and with every slot busy; ``None`` when there is none to wait for."""
+        best group and with every slot busy, not in ``skip`` (too small for it); ``None``
+        when there is none to wait for."""
         if conversation is None or not route.home_wait or not route.queue:
             return None
         policy = self.traffic.policies.of(route)
@@ -200,7 +207,9 @@ class Waits:
         if host is None and conversation.turn:  # answered before, elsewhere
             host = rendezvous(conversation.key, list(group))[0] if group else None
         state = group.get(host) if host is not None else None
-        if state is None or len(group) < 2 or not self.traffic.usage.full(state, model):
+        if state is None or len(group) < 2 or state.name in skip:
+            return None
+        if not self.traffic.usage.full(state, model):
             return None
         return state.name
 
@@ -211,6 +220,7 @@ class Waits:
         model: str | None,
         flow: Flow,
         conversation: Conversation | None = None,
+        small: Sequence[str] = (),
     ) -> Waiting[Waiter] | Refused:
         """Queue ``waiter`` (or say why not: a limit, answered 429; crossbar stopping,
         503): for its own host first, when it is a ``cache_affinity`` turn whose host is
@@ -219,7 +229,7 @@ class Waits:
             return STOPPING
         now = self.clock.seconds()
         limit = PoolLimit(route.name, route.max_waiting)
-        home = self._home(route, model, conversation)
+        home = self._home(route, model, conversation, small)
         pool = (route.name, model) if home is None else (route.name, model, home)
         made = self.queue.make_room(flow, limit, now)  # the biggest holder's newest gives way
         if made is not None:

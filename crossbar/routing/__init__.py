@@ -19,6 +19,7 @@ from crossbar.routing.placement import (
     spill_places,
 )
 from crossbar.routing.policies import Ask, CacheAffinity, Choice, Conversation, places_conversations
+from crossbar.routing.promptsize import Estimate, PromptSizes
 from crossbar.routing.rendezvous import rendezvous
 
 __all__ = [
@@ -34,10 +35,12 @@ __all__ = [
     "CacheAffinity",
     "Choice",
     "Conversation",
+    "Estimate",
     "LoadBudget",
     "LoadCost",
     "Occupancy",
     "Placement",
+    "PromptSizes",
     "allows",
     "best_group",
     "fits_nowhere",

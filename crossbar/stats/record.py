@@ -73,6 +73,11 @@ class RequestRecord:
     reason: str | None = None
     """Why crossbar answered it itself, in the words the client got (``unknown route``,
     ``unauthorized: no key sent``...); ``None`` for an answer a host made."""
+    size_note: str | None = None
+    """What its prompt's size changed, in words: the hosts passed over as too small for it
+    (``~9000 tokens: too long for gpu-a``), a host's refusal and the move to another
+    (``moved: 9120 tokens > gpu-a's window 8192``), or crossbar's own refusal when no host
+    fits (``too long for every host: ...``)."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""
@@ -85,6 +90,8 @@ class RequestRecord:
             notes.append(f"waited {self.waited * 1000:.0f}ms for a slot")
         if self.reason is not None:
             notes.append(self.reason)
+        if self.size_note is not None:
+            notes.append(self.size_note)
         return notes
 
 

@@ -58,8 +58,8 @@ def test_a_model_the_key_may_not_ask_for_is_answered_403_in_words() -> None:
 
     head, body = answer(other)
     assert head.startswith(b"HTTP/1.1 403")
-    assert body["error"] == "model 'n1' is not allowed for key alice"
-    assert answer(elsewhere)[1]["error"] == "model 'z' is not served on route lab"
+    assert body["error"]["message"] == "model 'n1' is not allowed for key alice"
+    assert answer(elsewhere)[1]["error"]["message"] == "model 'z' is not served on route lab"
     assert memory.waiting == []  # no host saw either
 
 
@@ -76,7 +76,7 @@ def test_a_key_past_its_loads_a_minute_is_answered_429_with_retry_after() -> Non
 
     head, body = answer(refused)
     assert head.startswith(b"HTTP/1.1 429") and head.endswith(b"\r\nRetry-After: 40")
-    assert body["error"] == (
+    assert body["error"]["message"] == (
         "key alice: 1 model load in the last minute already (max_loads_per_minute);"
         " try again in 40 s"
     )
@@ -115,7 +115,10 @@ def test_a_key_removed_while_its_request_waited_is_answered_401_as_it_leaves() -
 
     head, body = answer(waiting)
     assert head.startswith(b"HTTP/1.1 401")
-    assert body["error"] == "unauthorized: the key was removed from the config while it waited"
+    assert (
+        body["error"]["message"]
+        == "unauthorized: the key was removed from the config while it waited"
+    )
     assert memory.waiting == []  # no host saw it
 
 

@@ -38,6 +38,7 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "first_token": None,
         "tokens_per_second": None,
         "reason": None,
+        "size_note": None,
     }
 
 

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 
-from crossbar.proxy import exchange
+from crossbar.proxy import hostanswer
 from crossbar.testing import MemoryProxy
 from crossbar.upstream import Call
 from tests.support.errors import api_error
@@ -134,7 +134,7 @@ def test_an_error_of_crossbar_s_own_on_the_host_s_head_is_a_500_in_words(
     def broken(*args: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(exchange, "answer_headers", broken)
+    monkeypatch.setattr(hostanswer, "answer_headers", broken)
     proxy = MemoryProxy(config(), models=("m",))
     client = ask(proxy)
     proxy.accept().send(HEAD)

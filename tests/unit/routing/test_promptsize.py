@@ -1,9 +1,9 @@
-"""crossbar.proxy.promptsize: a prompt's tokens guessed from its body's bytes, learned per
+"""crossbar.routing.promptsize: a prompt's tokens guessed from its body's bytes, learned per
 model and API from what answers reported, and per conversation from its last turn."""
 
 from __future__ import annotations
 
-from crossbar.proxy.promptsize import FIRST_BYTES_PER_TOKEN, MIN_LEARN_BYTES, PromptSizes
+from crossbar.routing.promptsize import FIRST_BYTES_PER_TOKEN, MIN_LEARN_BYTES, PromptSizes
 
 
 def test_before_any_answer_a_body_is_guessed_at_the_first_rate() -> None:
