@@ -41,8 +41,9 @@ from crossbar.proxy.permits import admission, check_model, load_refusal, revoked
 from crossbar.proxy.phases import Event, Phase, next_phase
 from crossbar.proxy.refusalbody import RefusalBody
 from crossbar.proxy.relay import StreamBody
+from crossbar.proxy.shapes import not_found
 from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
-from crossbar.routing import Ask, no_host, served_model
+from crossbar.routing import Ask, no_healthy_host, served_model
 from crossbar.upstream import Call, Response, describe
 
 log = Logger()
@@ -109,11 +110,11 @@ class Exchange(AnswerRelay):
         route, target, shape = route_of(proxy.config, request.uri)
         outcome.route, outcome.path = route, target.rest
         if shape is None:
-            raise BadTarget(404, "not found")
+            raise BadTarget(404, not_found(route.name, target.rest))
         if route.list_models == "merged" and target.rest == b"/v1/models":
             listing = merged_listing(route, proxy.table.view, int(outcome.started))
             if listing is None:
-                raise BadTarget(503, "no healthy host")
+                raise BadTarget(503, no_healthy_host(route.name, route.hosts, proxy.table.view))
             self._on(Event.ANSWERED_HERE)
             answer_json(request, 200, listing)
             return False
@@ -146,7 +147,11 @@ class Exchange(AnswerRelay):
         choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
         if choice is None:
             if last_error is None:
-                raise BadTarget(503, no_host(route, proxy.table.view, outcome.tried))
+                full = admitted.full if isinstance(admitted, Go) else ()
+                words = no_healthy_host(
+                    route.name, route.hosts, proxy.table.view, outcome.tried, full
+                )
+                raise BadTarget(503, words)
             assert outcome.host is not None
             status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
             self.fail(status, error, host=outcome.host)
@@ -211,7 +216,7 @@ class Exchange(AnswerRelay):
 
     def shed(self, refused: Refused) -> None:
         """Answered without a host: a limit, a wait past ``wait_timeout``, a stop."""
-        self._waiting, self.outcome.shed = None, refused.reason
+        self._waiting, self.outcome.shed, self.outcome.reason = None, refused.reason, refused.error
         if self._on(Event.REFUSED):
             retry = {b"retry-after": b"%d" % refused.retry_after}
             payload = error_payload(self.outcome.path, refused.status, refused.error)
@@ -313,6 +318,7 @@ class Exchange(AnswerRelay):
             self._error(status, message, extra)
 
     def _error(self, status: int, message: str, extra: dict[str, str]) -> None:
+        self.outcome.reason = message + "".join(f" ({n} {v})" for n, v in extra.items())
         payload = error_payload(self.outcome.path, status, message, extra)
         answer_json(self.request, status, payload, self.outcome.host)
 

@@ -5,7 +5,7 @@ model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 from crossbar.routing.affinity import Placement
 from crossbar.routing.allowance import LoadBudget, allows, refused_model
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
-from crossbar.routing.groups import best_group, no_healthy_host, no_host, routes_down, served_model
+from crossbar.routing.groups import best_group, no_healthy_host, routes_down, served_model
 from crossbar.routing.placement import (
     BUSY,
     EVICTS,
@@ -46,7 +46,6 @@ __all__ = [
     "fits_nowhere",
     "largest_window",
     "no_healthy_host",
-    "no_host",
     "places_conversations",
     "refused_model",
     "rendezvous",

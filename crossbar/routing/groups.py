@@ -43,15 +43,6 @@ def served_model(
     return next((s.known[0] for s in healthy if len(s.known) == 1), model)
 
 
-def no_host(route: RouteConfig, states: Mapping[str, HostState], tried: Sequence[str]) -> str:
-    """Why no host of ``route`` is left for a request that has tried ``tried``, in words
-    that are true: none is healthy, or every healthy one failed it already."""
-    healthy = [h for h in route.hosts if h in states and states[h].healthy]
-    if healthy and all(h in tried for h in healthy):
-        return "no healthy host left: each one failed this request before answering"
-    return "no healthy host"
-
-
 def routes_down(routes: Mapping[str, RouteConfig], states: Mapping[str, HostState]) -> list[str]:
     """The routes that have no healthy host, in config order."""
     return [
@@ -71,11 +62,12 @@ def no_healthy_host(
     states: Mapping[str, HostState],
     tried: Container[str] = (),
     full: Container[str] = (),
+    small: Container[str] = (),
 ) -> str:
     """The 503 of a request ``route`` found no host for, naming each of its ``hosts`` and
     why it is out: ``no healthy host for route lab: gpu-a down (models: HTTP 404), gpu-b
     not polled yet``. ``tried``: the hosts it failed on already; ``full``: those whose
-    every slot is busy."""
+    every slot is busy; ``small``: those whose window is too small for its prompt."""
     said = []
     for name in hosts:
         state = states.get(name)
@@ -83,6 +75,8 @@ def no_healthy_host(
             why = "failed this request"
         elif name in full:
             why = "every slot busy"
+        elif name in small:
+            why = "window too small for this prompt"
         elif state is None or not state.polled:
             why = "not polled yet"
         elif state.healthy:

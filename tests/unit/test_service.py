@@ -16,6 +16,8 @@ from tests.support import Daemon, demo_route_ready, free_port, start_daemon
 from tests.support.errors import api_error
 
 ROUTE = "routes:\n  lab:\n    hosts: [gpu-a]\n"
+REFUSED = "no healthy host for route lab: gpu-a down (health: connection refused)"
+"""The 503 of a route whose one host refuses connections."""
 
 
 def request(url: str, headers: dict[str, str] | None = None) -> tuple[int, object]:
@@ -42,7 +44,7 @@ def test_serves_from_config_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None
     )
     port = daemon.port
     try:
-        assert request(f"{daemon.url}/lab/v1/models") == (503, api_error(503, "no healthy host"))
+        assert request(f"{daemon.url}/lab/v1/models") == (503, api_error(503, REFUSED))
         assert request(f"{daemon.url}/nope/v1/models") == (404, api_error(404, "unknown route"))
     finally:
         code, out = stop(daemon)
@@ -123,7 +125,7 @@ def test_listen_on_the_command_line_overrides_the_file(tmp_path: Path) -> None:
         try:
             assert request(f"{daemon.url}/lab/v1/models") == (
                 503,
-                api_error(503, "no healthy host"),
+                api_error(503, REFUSED),
             )
         finally:
             code, out = stop(daemon)

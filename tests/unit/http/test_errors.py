@@ -130,12 +130,16 @@ CAUSES = {
     503: no_healthy_host,
     504: upstream_timeout,
 }
+DOWN = (
+    "no healthy host for route lab: gpu-a down (marked down: gone), gpu-b down (marked down: gone)"
+)
+"""The 503 when every host of the route is down: each named, with why."""
 ANTHROPIC = {
     401: ("authentication_error", "unauthorized: key not known"),
     404: ("not_found_error", "unknown route"),
     413: ("request_too_large", "body too large"),
     502: ("api_error", "upstream failed (host gpu-b)"),
-    503: ("overloaded_error", "no healthy host"),
+    503: ("overloaded_error", DOWN),
     504: ("api_error", "upstream timeout (host gpu-a)"),
 }
 OPENAI = {
@@ -143,7 +147,7 @@ OPENAI = {
     404: api_error(404, "unknown route"),
     413: api_error(413, "body too large"),
     502: api_error(502, "upstream failed (host gpu-b)"),
-    503: api_error(503, "no healthy host"),
+    503: api_error(503, DOWN),
     504: api_error(504, "upstream timeout (host gpu-a)"),
 }
 
@@ -294,6 +298,6 @@ def test_the_openai_sdk_shows_crossbar_s_words() -> None:
         404: "Error code: 404 - unknown route",
         413: "Error code: 413 - body too large",
         429: found[429],
-        503: "Error code: 503 - no healthy host",
+        503: f"Error code: 503 - {DOWN}",
     }
     assert found[429].startswith("Error code: 429 - alice: 2 requests already waiting")

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+import attrs
 import pytest
 
 from crossbar.config import Policy, RouteConfig, WhenAllDown
 from crossbar.polling.health import HostState
 from crossbar.routing.affinity import Conversations, Placement
-from crossbar.routing.groups import no_healthy_host, no_host, routes_down, served_model
+from crossbar.routing.groups import no_healthy_host, routes_down, served_model
 from crossbar.routing.policies import REGISTRY, Ask, CacheAffinity, Conversation, RoundRobin
 from crossbar.routing.rendezvous import rendezvous
 
@@ -265,13 +266,15 @@ def test_a_slot_counts_against_the_model_the_host_runs_whatever_name_was_sent() 
     assert served_model(route("one"), "m0", down) == "m0"
 
 
-def test_the_503_says_whether_no_host_is_healthy_or_each_healthy_one_failed_already() -> None:
-    states = {"a": state("a", healthy=False), "b": state("b")}
-    assert no_host(route("a", "b"), states, []) == "no healthy host"
-    assert no_host(route("a", "b"), states, ["b"]) == (
-        "no healthy host left: each one failed this request before answering"
+def test_the_503_names_each_host_and_why_it_is_out() -> None:
+    """A host that failed this request is said to have, apart from one that is down."""
+    down = attrs.evolve(state("a", healthy=False), polled=True, last_err="models: HTTP 404")
+    states = {"a": down, "b": state("b"), "c": state("c")}
+    words = no_healthy_host("lab", ("a", "b", "c"), states, ["b"], small=["c"])
+    assert words == (
+        "no healthy host for route lab: a down (models: HTTP 404), b failed this request,"
+        " c window too small for this prompt"
     )
-    assert no_host(route("a"), states, ["a"]) == "no healthy host"
 
 
 # -- cache_affinity ---------------------------------------------------------------------------
