@@ -385,7 +385,9 @@ def test_with_no_replica_ready_the_live_ones_still_serve_their_healthy_routes(
         response = refused.getresponse()
         assert (response.status, json.loads(response.read())) == (
             503,
-            api_error(503, "no healthy host"),
+            api_error(
+                503, "no healthy host for route dark: gpu-x down (health: connection refused)"
+            ),
         )
         refused.close()
 
@@ -396,9 +398,11 @@ OpenAI's and Anthropic's clients send them), that HAProxy's hash sends apart."""
 
 
 def slot_shares(daemon: Daemon) -> set[str]:
-    """The flows a replica's own metrics say used its slots (``crossbar_slot_share``)."""
+    """The flows a replica's own metrics say used its slots (``crossbar_slot_share``),
+    read with a route's key: with route keys and no status keys, the pages want one."""
     url = f"http://127.0.0.1:{daemon.port}/_crossbar/metrics"
-    with urllib.request.urlopen(url, timeout=5) as r:
+    asked = urllib.request.Request(url, headers={"Authorization": f"Bearer {KEYS['alice']}"})
+    with urllib.request.urlopen(asked, timeout=5) as r:
         lines = r.read().decode().splitlines()
     return {
         line.split('flow="', 1)[1].split('"', 1)[0]

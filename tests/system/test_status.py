@@ -942,7 +942,8 @@ async def test_page_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
     assert set(hosts) == {"gpu-a", "gpu-b"}
     assert hosts["gpu-a"]["State"] == "\u25cf up"
     # a router: each loaded model with its slots and idle time, then the room they take
-    assert re.fullmatch(r"m1 \(4 slots; idle \d+ s\) 1 of 4 instances", hosts["gpu-a"]["Loaded"])
+    loaded = hosts["gpu-a"]["Loaded"]
+    assert re.fullmatch(r"m1 \(4 slots; 4k tokens a slot; idle \d+ s\) 1 of 4 instances", loaded)
     assert hosts["gpu-a"]["Requests, 5 min"] == "3"
     assert hosts["gpu-b"]["State"] == "\u25bc down"
     assert hosts["gpu-b"]["Last error"] == f"health: {SCRIPT}"
