@@ -26,7 +26,7 @@ from crossbar.config import Config, ConfigError, HostConfig, RouteConfig, Secret
 from crossbar.testing import Rig, RigMaker, SimulatedHost, broken, eventually, guard, rigs
 from crossbar.testing.rig import wait_state
 from tests.support import REPO, TWISTD, Daemon, free_port, start_daemon, start_simulator
-from tests.unit.test_tap import ENV
+from tests.support.twistdenv import ENV
 
 CHAT = "/lab/v1/chat/completions"
 ASK = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
