@@ -27,7 +27,7 @@ from crossbar.testing import Rig, RigMaker, SimulatedHost, broken, eventually, g
 from crossbar.testing.rig import wait_state
 from tests.support import REPO, TWISTD, Daemon, free_port, start_daemon, start_simulator
 from tests.support.errors import api_error
-from tests.unit.test_tap import ENV
+from tests.support.twistdenv import ENV
 
 CHAT = "/lab/v1/chat/completions"
 ASK = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}

@@ -1,16 +1,15 @@
-"""crossbar.polling.listprocess: the child that reads a long model list says, as JSON, what
-crossbar keeps of it, or why it is no list; run as the poller runs it."""
+"""crossbar.polling.listprocess called in place: it says, as JSON, what crossbar keeps of a
+model list, or why it is no list, in the same words as a read in place.
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import msgspec
 
 from crossbar.polling.listprocess import answer
-from crossbar.polling.modellist import MAX_MODELS, read_models
+from crossbar.polling.modellist import read_models
 
 
 def test_a_list_is_answered_as_crossbar_keeps_it() -> None:
@@ -26,13 +25,3 @@ def test_no_list_is_answered_with_the_same_words_as_a_read_in_place() -> None:
     except ValueError as e:
         words = str(e)
     assert json.loads(answer(b'{"data": 3}')) == {"error": words}
-
-
-def test_run_as_a_process_it_reads_standard_input_to_its_end() -> None:
-    body = b'{"data":[' + b",".join(b'{"id":"%06d"}' % i for i in range(5000)) + b"]}"
-    done = subprocess.run(
-        [sys.executable, "-m", "crossbar.polling.listprocess"], input=body, capture_output=True
-    )
-    assert done.returncode == 0 and done.stderr == b""
-    models = json.loads(done.stdout)["models"]
-    assert (models["listed"], models["cut"], len(models["known"])) == (5000, True, MAX_MODELS)

@@ -9,17 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import attrs
 import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.task import Clock
 
-from crossbar.config import Config
 from crossbar.stats.record import RequestRecord
 from crossbar.testing.logs import LogCapture
-from crossbar.testing.rig import rigs
-from crossbar.testing.simulator import SimulatedHost
 from crossbar.usage.ledger import (
     FLUSH_SECONDS,
     PRUNE_SECONDS,
@@ -29,8 +25,11 @@ from crossbar.usage.ledger import (
 )
 from crossbar.usage.store import UsageStore
 from crossbar.usage.thread import OneThread
+from tests.support.usagerows import kept
 
 T = TypeVar("T")
+
+
 USED = RequestRecord(
     "lab", "gpu-a", 200, 1.0, model="m", key="alice", prompt_tokens=100, cached_tokens=60,
     generated_tokens=20, first_token=0.5, tokens_per_second=40.0,
@@ -80,10 +79,6 @@ def started(store: UsageStore, most: int = 20_000) -> tuple[UsageLedger, Clock, 
     ledger = UsageLedger(store, 90 * 86400.0, clock, thread, lambda m: m == "m", most=most)
     ledger.startService()
     return ledger, clock, thread
-
-
-def kept(store: UsageStore, by: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    return store.query(0, 10**10, by)
 
 
 def test_requests_are_written_a_batch_every_few_seconds() -> None:
@@ -270,33 +265,6 @@ def test_a_write_that_hangs_is_said_once_and_requests_wait_in_memory() -> None:
 
 
 # -- within crossbar ----------------------------------------------------------------------
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_reload_keeps_the_ledger_and_a_restart_loses_no_request(tmp_path: Path) -> None:
-    """A reload changes only the retention; a stop writes what was not yet written, so
-    a crossbar started again on the file has every request."""
-    path = str(tmp_path / "u.sqlite3")
-
-    def kept_in(config: Config) -> Config:
-        return attrs.evolve(config, usage_db=path)
-
-    chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
-    async with rigs() as make:
-        rig = await make({"gpu-a": SimulatedHost({"tiny-a": "loaded"})}, adjust=kept_in)
-        ledger = rig.crossbar.usage
-        assert ledger is not None
-        for _ in range(2):
-            assert (await rig.post("/lab/v1/chat/completions", chat))[0].code == 200
-        result = rig.reload(attrs.evolve(rig.crossbar.config, usage_retention=7 * 86400.0))
-        assert result.ok, result.message
-        assert rig.crossbar.usage is ledger and ledger.retention == 7 * 86400
-        assert (await rig.post("/lab/v1/chat/completions", chat))[0].code == 200
-    again = UsageStore(path)
-    again.open()
-    [row] = kept(again, ("route",))
-    assert (row["route"], row["requests"]) == ("lab", 3)
-    assert row["prompt_tokens"] > 0
 
 
 @pytest_twisted.ensureDeferred

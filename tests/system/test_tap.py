@@ -3,7 +3,6 @@ error line and exit 2, and nothing started either way."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 from pathlib import Path
@@ -11,14 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import REPO, TWISTD
-
-ENV = dict(
-    os.environ,
-    LAB_KEY="lab-secret-9",
-    # This checkout's twisted/plugins, as an editable install's twistd does not find it.
-    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-)
+from tests.support import TWISTD
+from tests.support.twistdenv import ENV
 
 
 def check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
