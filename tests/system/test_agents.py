@@ -192,7 +192,7 @@ PRINTED = {
         "404": "There's an issue with the selected model (qwen3-coder-30b). It may not exist",
         "413": "Request too large (max 32MB).",
         "502": "API Error: 502 upstream failed (host gpu-a).",
-        "503": "API Error: 503 no healthy host.",
+        "503": "API Error: 503 no healthy host for route ",
         "504": "API Error: 504 upstream timeout (host gpu-b).",
     },
     "codex": {
@@ -200,7 +200,7 @@ PRINTED = {
         "404": "ERROR: unexpected status 404 Not Found: unknown route, url: ",
         "413": "ERROR: unexpected status 413 Payload Too Large: body too large, url: ",
         "502": "ERROR: unexpected status 502 Bad Gateway: upstream failed (host gpu-a), url: ",
-        "503": "ERROR: unexpected status 503 Service Unavailable: no healthy host, url: ",
+        "503": "ERROR: unexpected status 503 Service Unavailable: no healthy host for route ",
         "504": "ERROR: unexpected status 504 Gateway Timeout: upstream timeout (host gpu-b), url: ",
     },
 }

@@ -29,6 +29,9 @@ from crossbar.testing import RigMaker, SimulatedHost, broken, eventually, fast, 
 from tests.support import Blackhole, header, memory, raw_request, start_daemon
 from tests.support.errors import api_error
 
+DOWN = "gpu-a down (marked down: test), gpu-b down (marked down: test)"
+"""How a 503 names the two hosts a test marked down."""
+
 CHAT = "/lab/v1/chat/completions"
 BODY = (
     b'{"model": "tiny-a", "messages": [{"role": "user", "content": "h\\u00e9"}], "max_tokens": 3}'
@@ -848,7 +851,8 @@ async def test_when_all_down_fail_answers_503(make: RigMaker) -> None:
         rig.crossbar.table.mark_down(name, "test")
     response, answer = await rig.post(CHAT, BODY)
     assert response.code == 503
-    assert json.loads(answer) == api_error(503, "no healthy host")
+    words = f"no healthy host for route lab: {DOWN}"
+    assert json.loads(answer) == api_error(503, words)
     assert rig.completions("gpu-a") == rig.completions("gpu-b") == []
 
 

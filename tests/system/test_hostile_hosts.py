@@ -265,8 +265,11 @@ async def still_serving(rig: Rig) -> None:
 async def refused(rig: Rig, code: int = 502, error: str = "upstream failed") -> None:
     """The request in flight on the hostile host gets crossbar's own error, in JSON."""
     response, body = await rig.post(CHAT, BODY)
-    words = f"{error} (host evil)" if code != 503 else error
-    assert (response.code, json.loads(body)) == (code, api_error(code, words))
+    if code == 503:  # the words name each host of the route and why it is out
+        said = json.loads(body)["error"]["message"]
+        assert response.code == 503 and said.startswith(f"{error} for route "), said
+        return
+    assert (response.code, json.loads(body)) == (code, api_error(code, f"{error} (host evil)"))
 
 
 # -- answers to real requests --------------------------------------------------------------------

@@ -25,6 +25,9 @@ from tests import support
 from tests.support import header
 from tests.support.errors import api_error
 
+DOWN = "gpu-a down (marked down: test), gpu-b down (marked down: test)"
+"""How a 503 names the two hosts a test marked down."""
+
 Handler = Callable[[server.Request], Any]
 MAX_BODY = Limits().max_body
 
@@ -206,7 +209,8 @@ async def test_a_merged_route_with_no_healthy_host_is_503(rig: Rig) -> None:
     rig.table.mark_down("gpu-b", "test")
     response, body = await call(rig, "GET", "/all/v1/models")
     assert response.code == 503
-    assert json.loads(body) == api_error(503, "no healthy host")
+    words = f"no healthy host for route all: {DOWN}"
+    assert json.loads(body) == api_error(503, words)
 
 
 @pytest_twisted.ensureDeferred
@@ -305,7 +309,8 @@ async def test_no_healthy_host_is_503_and_marks_nothing(rig: Rig) -> None:
     rig.table.mark_down("gpu-b", "test")
     response, body = await call(rig, "GET", "/lab/v1/models")
     assert response.code == 503
-    assert json.loads(body) == api_error(503, "no healthy host")
+    words = f"no healthy host for route lab: {DOWN}"
+    assert json.loads(body) == api_error(503, words)
 
 
 @pytest_twisted.ensureDeferred
