@@ -89,9 +89,17 @@ class Answer:
         return self.headers.get("x-crossbar-host")
 
 
-def request(method: str, url: str, body: Any = None, timeout: float = REQUEST_TIMEOUT) -> Answer:
+def request(
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout: float = REQUEST_TIMEOUT,
+    key: str | None = None,
+) -> Answer:
     data = None if body is None else json.dumps(body).encode()
     headers = {} if body is None else {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
@@ -117,8 +125,9 @@ def statuses_of(router: RouterProcess) -> dict[str, str]:
     return {name: status["value"] for name, status in models_of(router).items()}
 
 
-def crossbar_status(proxy: CrossbarProcess) -> dict[str, Any]:
-    answer = request("GET", f"{proxy.url}/_crossbar/status", timeout=10)
+def crossbar_status(proxy: CrossbarProcess, key: str | None = None) -> dict[str, Any]:
+    """crossbar's status JSON (``key``: a status key, where the pages want one)."""
+    answer = request("GET", f"{proxy.url}/_crossbar/status", timeout=10, key=key)
     assert answer.status == 200, f"GET /_crossbar/status answered {answer.status}: {answer.body!r}"
     doc: dict[str, Any] = answer.json()
     return doc

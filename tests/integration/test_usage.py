@@ -24,6 +24,7 @@ from tests.integration.test_fleet import POLL, SEEN_TIMEOUT, crossbar_status, wa
 pytestmark = pytest.mark.integration
 
 KEY_VARIABLE = "CROSSBAR_TEST_ALICE_KEY"
+STATUS_KEY = "status-key-of-the-test"
 FLUSHED_TIMEOUT = 30.0
 """The store is written every 5 s; the log a batch every 0.1 s."""
 PROMPT = "Tell me about the prompt cache of a llama-server, in a few words, please. " * 4
@@ -49,7 +50,8 @@ def get(url: str) -> bytes:
     target = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
     try:
-        conn.request("GET", target.path + ("?" + target.query if target.query else ""))
+        path = target.path + ("?" + target.query if target.query else "")
+        conn.request("GET", path, headers={"Authorization": f"Bearer {STATUS_KEY}"})
         response = conn.getresponse()
         data = response.read()
         assert response.status == 200, (url, response.status, data[:500])
@@ -158,10 +160,13 @@ def test_counters_log_lines_and_the_store_agree_exactly_with_what_the_answers_re
                     "api_keys": [{"name": "alice", "key": "${" + KEY_VARIABLE + "}"}],
                 }
             },
+            "status_keys": [STATUS_KEY],  # the pages want a key where routes have keys
         }
     )
     wait_until(
-        lambda: crossbar_status(proxy)["hosts"]["gpu-a"]["healthy"], SEEN_TIMEOUT, "gpu-a up"
+        lambda: crossbar_status(proxy, STATUS_KEY)["hosts"]["gpu-a"]["healthy"],
+        SEEN_TIMEOUT,
+        "gpu-a up",
     )
     answers = ask_every_api(proxy.url, key)
     expected = tuple(sum(column) for column in zip(*answers, strict=True))
