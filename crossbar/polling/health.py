@@ -282,9 +282,7 @@ class HealthTable:
         old = self._states.get(name)
         if old is None or (model not in old.loaded and model not in old.slots):
             return
-        learned = {m: n for m, n in old.slots.items() if m != model}
-        if slots is not None and model in old.loaded:
-            learned[model] = slots
+        learned = _learned(old.slots, model, slots, old.loaded)
         self._states[name] = attrs.evolve(old, slots=learned)
         if learned != old.slots and self.slots_learned is not None:
             self.slots_learned()
@@ -296,9 +294,7 @@ class HealthTable:
         old = self._states.get(name)
         if old is None or (model not in old.loaded and model not in old.windows):
             return
-        learned = {m: n for m, n in old.windows.items() if m != model}
-        if window is not None and model in old.loaded:
-            learned[model] = window
+        learned = _learned(old.windows, model, window, old.loaded)
         if learned != old.windows:
             self._states[name] = attrs.evolve(old, windows=learned)
 
@@ -382,3 +378,14 @@ class HealthTable:
         if old.state != new.state:
             for listener in self._listeners:
                 listener(old, new)
+
+
+def _learned(
+    known: Mapping[str, int], model: str, value: int | None, loaded: Iterable[str]
+) -> dict[str, int]:
+    """What a host said of each loaded model (its slots, its window), once it said
+    ``value`` of ``model``: kept while the model is loaded, forgotten once not usable."""
+    learned = {m: n for m, n in known.items() if m != model}
+    if value is not None and model in loaded:
+        learned[model] = value
+    return learned
