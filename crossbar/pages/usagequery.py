@@ -48,9 +48,12 @@ FIGURES = (
     "cache_hit_rate",
     "ttft_ms_mean",
     "tok_s_mean",
+    "loads",
 )
 """The columns of each group, after its names: ``cache_hit_rate`` is cached / prompt
-tokens, the means are over the requests that reported them (``null`` when none did)."""
+tokens, the means are over the requests that reported them (``null`` when none did);
+``loads``: loads of the model the requests made hosts begin (the last column, so that
+a CSV read by position before it was added reads the same)."""
 
 
 @attrs.frozen
@@ -133,6 +136,7 @@ def figures(sums: Mapping[str, Any]) -> dict[str, Any]:
         "cache_hit_rate": round(sums["cached_tokens"] / prompt, 4) if prompt else None,
         "ttft_ms_mean": round(sums["first_token_seconds"] * 1000 / first_n) if first_n else None,
         "tok_s_mean": round(sums["speed_sum"] / speed_n, 1) if speed_n else None,
+        "loads": sums["loads"],
     }
 
 

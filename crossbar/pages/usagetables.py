@@ -31,6 +31,8 @@ class Tokens:
     prompt: int = 0
     cached: int = 0
     generated: int = 0
+    loads: int = 0
+    """Loads of a model its requests made hosts begin."""
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -65,7 +67,7 @@ def totals(today: Sequence[Mapping[str, Any]], week: Sequence[Mapping[str, Any]]
     for i, rows in enumerate((today, week)):
         for row in rows:
             tokens = Tokens(row["requests"], row["prompt_tokens"], row["cached_tokens"],
-                            row["completion_tokens"])  # fmt: skip
+                            row["completion_tokens"], row["loads"])  # fmt: skip
             for table, name in ((keys, row["key"]), (routes, row["route"])):
                 pair = table.setdefault(name, [Tokens(), Tokens()])
                 pair[i] += tokens
@@ -148,9 +150,10 @@ def _table(id_: str, what: str, rows: Mapping[str, tuple[Tokens, Tokens]]) -> Ta
 
 
 def _tokens(tokens: Tokens) -> Flattenable:
-    """``12,345 prompt (80% cached), 2,100 generated, 40 requests``."""
+    """``12,345 prompt (80% cached), 2,100 generated, 40 requests, 2 loads`` (none: unsaid)."""
     if not tokens.requests:
         return tags.span("none", class_="muted")
     cached = f" ({tokens.cached / tokens.prompt:.0%} cached)" if tokens.prompt else ""
     requests = "1 request" if tokens.requests == 1 else f"{tokens.requests:,} requests"
-    return f"{tokens.prompt:,} prompt{cached}, {tokens.generated:,} generated, {requests}"
+    loads = f", {tokens.loads:,} load{'s' if tokens.loads > 1 else ''}" if tokens.loads else ""
+    return f"{tokens.prompt:,} prompt{cached}, {tokens.generated:,} generated, {requests}{loads}"

@@ -160,7 +160,7 @@ class Exchange(AnswerRelay):
             self.shed(refused)
             return
         host = choice.host
-        outcome.placement = choice.placement
+        outcome.chose(choice)
         if last_error is not None:
             said = "route {route}: {failed} failed before answering ({why}); trying {host}"
             log.warn(said, route=route.name, failed=outcome.host, why=last_error, host=host)

@@ -17,7 +17,7 @@ from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked
 from crossbar.proxy.phases import Phase
 from crossbar.queueing import Flow, flow_of
-from crossbar.routing import Placement
+from crossbar.routing import LOADING, Choice, Placement
 from crossbar.stats import RequestRecord
 from crossbar.usage import APIS, AnswerReader, Bounds
 
@@ -56,6 +56,13 @@ class Outcome:
     """The words of an answer crossbar made itself (a refusal, an error), for the log."""
     size_note: str | None = None
     """What its prompt's size changed, in words (:class:`crossbar.proxy.fitting.Fit`)."""
+    loads: int = 0
+    """Loads of its model its hosts were sent it to make (:func:`makes_load`)."""
+
+    def chose(self, choice: Choice) -> None:
+        """The policy's ``choice`` is where it goes next: its placement, and any load it makes."""
+        self.placement = choice.placement
+        self.loads += makes_load(choice)
 
     def record(self, request: server.Request, phase: Phase, sent: int, now: float) -> RequestRecord:
         """The record of the request as it ended at ``now`` in ``phase``, ``sent`` bytes
@@ -95,9 +102,16 @@ class Outcome:
             generated_tokens=None if usage is None else usage.generated,
             first_token=None if first is None else first - self.started,
             tokens_per_second=None if usage is None else usage.tokens_per_second,
+            loads=self.loads,
             reason=self.reason,
             size_note=self.size_note,
         )
+
+
+def makes_load(choice: Choice) -> bool:
+    """Whether sending a request to ``choice`` makes its host load the model: it is loaded
+    on no healthy host of the group, and no load of it is under way there."""
+    return choice.load is not None and choice.load.rank != LOADING
 
 
 def door_key(request: server.Request) -> Secret | None:

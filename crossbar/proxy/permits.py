@@ -14,9 +14,9 @@ from crossbar.config import KeyHolder, RouteConfig, key_held
 from crossbar.http import BadTarget
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked
-from crossbar.proxy.outcome import Outcome, door_key
+from crossbar.proxy.outcome import Outcome, door_key, makes_load
 from crossbar.queueing import Go, Queued, Refused, Waiter, flow_of
-from crossbar.routing import LOADING, Choice, refused_model
+from crossbar.routing import Choice, refused_model
 
 GO = Go()
 """Admitted, no host left out: a request that takes no slot, or a route that does not queue."""
@@ -79,7 +79,7 @@ def load_refusal(
     """A 429 in words when ``choice`` makes its host load a model and the request's key
     has made as many loads this minute as its ``max_loads_per_minute``; else the load, if
     any, is counted against the key and ``None`` is returned."""
-    if choice.load is None or choice.load.rank == LOADING:
+    if not makes_load(choice):
         return None  # no load, or waiting for one already under way
     holder, budget = holder_of(route, request), proxy.traffic.loads
     now = proxy.clock.seconds()

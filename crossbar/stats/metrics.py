@@ -336,7 +336,7 @@ class Metrics:
             label = record.model if self._table.knows(record.model) else OTHER_MODEL
             models = counts.models
             models[route, label] = models.get((route, label), 0) + 1
-        if record.prompt_tokens is not None or record.first_token is not None:
+        if record.prompt_tokens is not None or record.first_token is not None or record.loads:
             self._usage.count(record, route, host, label)
         if record.affinity is not None:
             placed = (route, host, record.affinity)

@@ -70,6 +70,9 @@ class RequestRecord:
     """Seconds until the answer's first content event: not its head, not a ping."""
     tokens_per_second: float | None = None
     """Generation speed, as the host timed it, else as crossbar saw the content come."""
+    loads: int = 0
+    """Loads of its model it made a host begin (the host chosen had it loaded nowhere and no
+    load under way): 0 or 1, more only after a failover that made another host load it."""
     reason: str | None = None
     """Why crossbar answered it itself, in the words the client got (``unknown route``,
     ``unauthorized: no key sent``...); ``None`` for an answer a host made."""

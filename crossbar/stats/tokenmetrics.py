@@ -1,7 +1,7 @@
 """Who used what, for Prometheus: the tokens each answer reported (prompt, of those cached,
-generated) by route, host, model and key, and the first token's time and the generation
-speed by route and host. Counted per request in plain dicts, made into families when
-scraped, as the other request metrics are."""
+generated) and the model loads requests made hosts begin, by route, host, model and key,
+and the first token's time and the generation speed by route and host. Counted per
+request in plain dicts, made into families when scraped, as the other request metrics are."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class UsageCounts:
 
     def __init__(self) -> None:
         self.tokens: dict[tuple[str, str, str, str, str], int] = {}
+        self.loads: dict[tuple[str, str, str, str], int] = {}
         self.first: dict[tuple[str, str], _Histogram] = {}
         self.speed: dict[tuple[str, str], _Histogram] = {}
 
@@ -49,6 +50,9 @@ class UsageCounts:
             if value:
                 labels = (route, host, model, key, kind)
                 tokens[labels] = tokens.get(labels, 0) + value
+        if record.loads:
+            where = (route, host, model, key)
+            self.loads[where] = self.loads.get(where, 0) + record.loads
         if record.first_token is not None:
             _add(self.first, (route, host), FIRST_TOKEN_BUCKETS, record.first_token)
         if record.tokens_per_second is not None:
@@ -64,6 +68,15 @@ class UsageCounts:
         )
         for named, count in self.tokens.items():
             tokens.add_metric(list(named), count)
+        loads = CounterMetricFamily(
+            "crossbar_key_model_loads",
+            "Loads of a model requests made hosts begin (the model loaded on no healthy host "
+            "of the route, no load of it under way), by route, host, model and key; "
+            "crossbar_model_loads_total counts the loads polls saw, whoever made them.",
+            labels=["route", "host", "model", "key"],
+        )
+        for where, count in self.loads.items():
+            loads.add_metric(list(where), count)
         first = HistogramMetricFamily(
             "crossbar_time_to_first_token_seconds",
             "Time from a request's arrival to its answer's first content event.",
@@ -84,7 +97,7 @@ class UsageCounts:
                     cumulative += n
                     buckets.append((floatToGoString(bound), cumulative))
                 family.add_metric(list(labels), buckets, histogram.total)
-        return [tokens, first, speed]
+        return [tokens, loads, first, speed]
 
 
 def _add(

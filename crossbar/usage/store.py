@@ -27,6 +27,15 @@ BUSY_SECONDS = 10.0
 again with the next batch)."""
 GROUPS = ("route", "host", "model", "key")
 """What a query may group by: the names of the columns a row is placed by."""
+ADDED = ("loads",)
+"""Sums a file made by an earlier crossbar may lack: added (as 0 in its rows) when it opens."""
+
+
+def _column(name: str) -> str:
+    kind = "REAL" if name.endswith(("seconds", "sum")) else "INTEGER"
+    return f"{name} {kind} NOT NULL DEFAULT 0"
+
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS usage_minutes (
     minute INTEGER NOT NULL,
@@ -34,8 +43,7 @@ CREATE TABLE IF NOT EXISTS usage_minutes (
     host TEXT NOT NULL,
     model TEXT NOT NULL,
     key TEXT NOT NULL,
-    {", ".join(f"{name} {'REAL' if name.endswith(('seconds', 'sum')) else 'INTEGER'} NOT NULL"
-               for name in COUNTS)},
+    {", ".join(_column(name) for name in COUNTS)},
     PRIMARY KEY (minute, route, host, model, key)
 ) WITHOUT ROWID
 """  # fmt: skip
@@ -43,7 +51,8 @@ PROGRESS_STEPS = 10_000
 """SQLite virtual machine steps between two checks of whether a query is to stop (a few
 milliseconds of work)."""
 _INSERT = (
-    f"INSERT INTO usage_minutes VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in COUNTS)})"
+    f"INSERT INTO usage_minutes (minute, {', '.join((*GROUPS, *COUNTS))})"
+    f" VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in COUNTS)})"
     " ON CONFLICT (minute, route, host, model, key) DO UPDATE SET "
     + ", ".join(f"{name} = {name} + excluded.{name}" for name in COUNTS)
 )
@@ -98,8 +107,8 @@ class UsageStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut may lose the last batch
             db.execute(SCHEMA)
-            db.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only file
-            db.execute("ROLLBACK")
+            with _transaction(db):  # takes the write lock: fails on a read-only file
+                _add_missing(db)
         except BaseException:
             db.close()
             raise
@@ -159,6 +168,15 @@ class UsageStore:
         finally:
             db.set_progress_handler(None, 0)
         return found
+
+
+def _add_missing(db: sqlite3.Connection) -> None:
+    """Add the columns of :data:`ADDED` a file made by an earlier crossbar lacks (under the
+    write lock: two workers opening one old file add each once)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(usage_minutes)")}
+    for name in ADDED:
+        if name not in have:
+            db.execute(f"ALTER TABLE usage_minutes ADD COLUMN {_column(name)}")
 
 
 class _transaction:

@@ -1,6 +1,7 @@
 """Per-minute sums of finished requests, folded in memory until they are written.
 
-A row is one minute of one (route, host, model, key): requests, errors, tokens, and the
+A row is one minute of one (route, host, model, key): requests, errors, tokens, model
+loads the requests made hosts begin, and the
 sums and counts the mean time to first token and mean generation speed are made of (a
 mean cannot be added up across batches, workers or minutes; its sum and count can).
 Pure values, no I/O: :mod:`crossbar.usage.ledger` writes them, :mod:`.store` keeps them.
@@ -28,9 +29,11 @@ COUNTS = (
     "first_token_seconds",
     "speed_n",
     "speed_sum",
+    "loads",
 )
 """A row's sums, in order: what the store's columns are named and the order of
-:data:`Sums`. ``errors``: answers of status 500 or more."""
+:data:`Sums`. ``errors``: answers of status 500 or more; ``loads``: loads of the model the
+requests made hosts begin (:attr:`RequestRecord.loads`)."""
 Sums = list[float]
 
 
@@ -119,6 +122,7 @@ class MinuteSums:
         if speed is not None and 0 <= speed < math.inf:
             sums[7] += 1
             sums[8] += speed
+        sums[9] += record.loads
 
     def take(self) -> dict[Place, Sums]:
         """Every row, to be written; none are left."""

@@ -83,10 +83,10 @@ def test_a_bad_parameter_is_named_with_its_problem(
 ROWS = [
     {"key": "alice", "requests": 2, "errors": 1, "prompt_tokens": 100, "cached_tokens": 75,
      "completion_tokens": 9, "first_token_n": 2, "first_token_seconds": 0.5, "speed_n": 1,
-     "speed_sum": 40.25},
+     "speed_sum": 40.25, "loads": 1},
     {"key": "=cmd()", "requests": 1, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0,
      "completion_tokens": 0, "first_token_n": 0, "first_token_seconds": 0.0, "speed_n": 0,
-     "speed_sum": 0.0},
+     "speed_sum": 0.0, "loads": 0},
 ]  # fmt: skip
 
 
@@ -96,18 +96,20 @@ def test_the_sums_as_json_with_means_rates_and_a_total() -> None:
     assert doc["groups"][0] == {
         "key": "alice", "requests": 2, "errors": 1, "prompt_tokens": 100, "cached_tokens": 75,
         "completion_tokens": 9, "cache_hit_rate": 0.75, "ttft_ms_mean": 250, "tok_s_mean": 40.2,
+        "loads": 1,
     }  # fmt: skip
     assert doc["groups"][1]["cache_hit_rate"] is None  # nothing to rate
     assert doc["total"]["requests"] == 3
     assert doc["total"]["ttft_ms_mean"] == 250
+    assert doc["total"]["loads"] == 1
 
 
 def test_the_sums_as_csv_a_formula_quoted() -> None:
     assert as_csv(ask(), ROWS).splitlines() == [
         "key,requests,errors,prompt_tokens,cached_tokens,completion_tokens,cache_hit_rate,"
-        "ttft_ms_mean,tok_s_mean",
-        '"alice",2,1,100,75,9,0.75,250,40.2',
-        '"\'=cmd()",1,0,0,0,0,,,',
+        "ttft_ms_mean,tok_s_mean,loads",
+        '"alice",2,1,100,75,9,0.75,250,40.2,1',
+        '"\'=cmd()",1,0,0,0,0,,,,0',
     ]
 
 
@@ -194,6 +196,7 @@ async def test_usage_is_answered_behind_the_status_key_as_json_and_csv(tmp_path:
         [group] = doc["groups"]
         assert (group["route"], group["key"], group["requests"]) == ("lab", "alice", 3)
         assert group["prompt_tokens"] > 0 and group["completion_tokens"] > 0
+        assert group["loads"] == 0  # tiny-a was loaded: no request made a load
         code, body = await usage(rig, "?format=csv&by=model")
         assert code == 200
         assert body.decode().splitlines()[1].startswith('"tiny-a",3,0,')

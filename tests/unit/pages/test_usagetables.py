@@ -34,9 +34,11 @@ PLUS_ONE = timezone(timedelta(hours=1))
 WEDNESDAY = datetime(2026, 12, 2, 10, 30, tzinfo=PLUS_ONE).timestamp()
 
 
-def row(route: str, key: str, requests: int, prompt: int, cached: int, out: int) -> dict[str, Any]:
+def row(
+    route: str, key: str, requests: int, prompt: int, cached: int, out: int, loads: int = 0
+) -> dict[str, Any]:
     return {"route": route, "key": key, "requests": requests, "prompt_tokens": prompt,
-            "cached_tokens": cached, "completion_tokens": out}  # fmt: skip
+            "cached_tokens": cached, "completion_tokens": out, "loads": loads}  # fmt: skip
 
 
 def html(view: UsageView) -> str:
@@ -126,15 +128,17 @@ def test_a_store_that_is_off_is_said() -> None:
 
 
 def test_the_tables_say_tokens_in_words_names_escaped() -> None:
-    view = totals([], [row("lab", "<alice>", 4, 12345, 9876, 2100)])
+    view = totals([], [row("lab", "<alice>", 4, 12345, 9876, 2100, loads=3)])
     text = html(view)
     assert '<table id="usage-keys">' in text and '<table id="usage-routes">' in text
     assert "&lt;alice&gt;" in text and "<alice>" not in text
-    assert "12,345 prompt (80% cached), 2,100 generated, 4 requests" in text
+    assert "12,345 prompt (80% cached), 2,100 generated, 4 requests, 3 loads" in text
     assert '<span class="muted">none</span>' in text  # nothing today
     assert "none yet" in html(totals([], []))
     one = html(totals([row("lab", "a", 1, 10, 0, 2)], []))
-    assert "10 prompt (0% cached), 2 generated, 1 request<" in one
+    assert "10 prompt (0% cached), 2 generated, 1 request<" in one  # no load: unsaid
+    loaded = html(totals([row("lab", "a", 1, 10, 0, 2, loads=1)], []))
+    assert "10 prompt (0% cached), 2 generated, 1 request, 1 load<" in loaded
     assert "Reading the usage store" in html(None)
 
 

@@ -50,6 +50,7 @@ def ended(phase: Phase = Phase.ANSWERED, **changed: Any) -> RequestRecord:
         "flow": None,
         "reader": cast(AnswerReader, Reader()),
         "size_note": "moved: 9120 tokens > gpu-a's window 8192",
+        "loads": 1,
     }
     fields.update(changed)
     return Outcome(**fields).record(request, phase, 4096, 12.0)
@@ -80,6 +81,7 @@ def test_every_field_of_the_record_comes_from_what_the_exchange_knew() -> None:
         "generated_tokens": 85,
         "first_token": 0.25,
         "tokens_per_second": 41.5,
+        "loads": 1,
         "reason": None,
         "size_note": "moved: 9120 tokens > gpu-a's window 8192",
     }

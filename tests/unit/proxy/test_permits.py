@@ -10,6 +10,7 @@ from typing import Any
 
 from crossbar.config import parse_config
 from crossbar.testing import ClientLine, MemoryProxy
+from crossbar.usage.sums import COUNTS, MinuteSums
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 ALICE, BOB = "a" * 24, "b" * 24
@@ -81,6 +82,27 @@ def test_a_key_past_its_loads_a_minute_is_answered_429_with_retry_after() -> Non
         " try again in 40 s"
     )
     assert len(memory.waiting) == 1
+
+
+def test_a_load_a_keyed_request_makes_is_counted_once_for_its_key_in_usage() -> None:
+    both = [{"name": "alice", "key": ALICE}, {"name": "bob", "key": BOB}]
+    memory = MemoryProxy(parse_config(config(both, {"models_max": 2, "slots": 2})))
+    for name in ("gpu-a", "gpu-b"):
+        memory.table.record_ok(name, ("m",), ("m", "n1"))
+    ask(memory, ALICE, model="n1")  # n1 loaded nowhere: a host loads it for alice
+    ask(memory, ALICE, model="n1")  # while that load is under way: no second one
+    ask(memory, BOB, model="m")  # m loaded: no load
+    for host in (memory.accept(), memory.accept(), memory.accept()):
+        host.send(OK)
+
+    sums = MinuteSums()
+    for record in memory.records:
+        sums.add(record, memory.clock.seconds())
+    loads = {place[4]: 0 for place in sums.rows}
+    for place, row in sums.rows.items():
+        loads[place[4]] += int(row[COUNTS.index("loads")])
+    assert [record.loads for record in memory.records] == [1, 0, 0]
+    assert loads == {"alice": 1, "bob": 0}
 
 
 def test_calls_that_take_no_slot_never_wait_for_one_nor_hold_one() -> None:

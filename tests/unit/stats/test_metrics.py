@@ -163,3 +163,17 @@ def test_a_duration_on_a_bucket_bound_counts_in_that_bucket(table: HealthTable) 
     assert value(found, duration + "_sum", **at) == 7201.0
     assert value(found, ttfb + "_bucket", **at, le="0.25") == 1
     assert value(found, ttfb + "_bucket", **at, le="0.5") == 2
+
+
+def test_loads_requests_made_are_counted_by_key(table: HealthTable) -> None:
+    """A request that made its host load the model counts once for its key, even with no
+    tokens reported (its host failed); one sent where the model was loaded does not."""
+    table.record_ok("gpu-a", loaded=["m1"], known=["m1", "m2"])
+    metrics = Metrics(table, FakeProxy())
+    made = RequestRecord("lab", "gpu-a", 500, 9.0, model="m2", key="alice", loads=1)
+    metrics.request_done(made)
+    metrics.request_done(RequestRecord("lab", "gpu-a", 200, 0.1, model="m1", key="bob"))
+    found = samples(metrics.render())
+    loads = "crossbar_key_model_loads_total"
+    assert value(found, loads, route="lab", host="gpu-a", model="m2", key="alice") == 1
+    assert value(found, loads, route="lab", host="gpu-a", model="m1", key="bob") is None

@@ -37,6 +37,7 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "generated_tokens": None,
         "first_token": None,
         "tokens_per_second": None,
+        "loads": 0,
         "reason": None,
         "size_note": None,
     }

@@ -27,7 +27,7 @@ from crossbar.usage.queries import UsageQueries
 from crossbar.usage.store import UsageStore
 from crossbar.usage.thread import OneThread
 
-ROW = [1, 0, 100, 60, 20, 1, 0.5, 1, 40.0]
+ROW = [1, 0, 100, 60, 20, 1, 0.5, 1, 40.0, 0]
 KEYS = 40
 MINUTES = 500
 """20,000 rows: a query by key walks them in some tens of progress checks."""

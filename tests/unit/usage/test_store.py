@@ -12,7 +12,7 @@ import pytest
 from crossbar.usage.store import GROUPS, UsageStore
 from crossbar.usage.sums import COUNTS
 
-ROW = [1, 0, 100, 60, 20, 1, 0.5, 1, 40.0]
+ROW = [1, 0, 100, 60, 20, 1, 0.5, 1, 40.0, 1]
 
 
 def opened(path: Path | str) -> UsageStore:
@@ -29,7 +29,7 @@ def test_two_connections_add_to_the_same_rows(tmp_path: Path) -> None:
     b.add({(60, "lab", "gpu-a", "m", "alice"): ROW, (60, "lab", "gpu-b", "m", "bob"): ROW})
     [alice, bob] = a.query(0, 120, ["key"])
     assert alice == {"key": "alice"} | dict(
-        zip(COUNTS, [2, 0, 200, 120, 40, 2, 1.0, 2, 80.0], strict=True)
+        zip(COUNTS, [2, 0, 200, 120, 40, 2, 1.0, 2, 80.0, 2], strict=True)
     )
     assert bob["key"] == "bob"
     assert bob["requests"] == 1
@@ -128,3 +128,39 @@ def test_workers_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
         for worker in workers:
             worker.join()
     assert failed == []
+
+
+OLD_SCHEMA = """
+CREATE TABLE usage_minutes (
+    minute INTEGER NOT NULL, route TEXT NOT NULL, host TEXT NOT NULL, model TEXT NOT NULL,
+    key TEXT NOT NULL, requests INTEGER NOT NULL, errors INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, first_token_n INTEGER NOT NULL,
+    first_token_seconds REAL NOT NULL, speed_n INTEGER NOT NULL, speed_sum REAL NOT NULL,
+    PRIMARY KEY (minute, route, host, model, key)
+) WITHOUT ROWID
+"""
+
+
+def test_a_file_made_before_loads_were_kept_opens_and_counts_them_from_then(
+    tmp_path: Path,
+) -> None:
+    """A file an earlier crossbar made, without the ``loads`` column: it opens, its rows
+    read 0 loads, and loads written since add up (two workers opening it add it once)."""
+    path = tmp_path / "u.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute(OLD_SCHEMA)
+    old.execute("INSERT INTO usage_minutes VALUES (0, 'lab', 'gpu-a', 'm', 'alice',"
+                " 3, 0, 30, 0, 6, 3, 1.5, 3, 90.0)")  # fmt: skip
+    old.commit()
+    old.close()
+    store, again = opened(path), opened(path)
+    store.add({(0, "lab", "gpu-a", "m", "alice"): ROW, (60, "lab", "gpu-a", "m", "bob"): ROW})
+    reader = UsageStore(str(path), reading=True)
+    reader.open()
+    [alice, bob] = reader.query(0, 120, ["key"])
+    assert (alice["requests"], alice["loads"]) == (4, 1)
+    assert (bob["requests"], bob["loads"]) == (1, 1)
+    assert reader.query(0, 60, [])[0]["prompt_tokens"] == 130
+    for each in (store, again, reader):
+        each.close()

@@ -25,15 +25,16 @@ def test_requests_of_one_minute_and_place_add_up() -> None:
     sums = MinuteSums(lambda model: model == "m")
     sums.add(used(), 120.0)
     sums.add(used(status=502, first_token=1.5, tokens_per_second=None), 179.9)
+    sums.add(used(loads=1), 150.0)  # a request that made gpu-a load m
     sums.add(used(), 180.0)  # the next minute
     assert sorted(sums.rows) == [
         (120, "lab", "gpu-a", "m", "alice"),
         (180, "lab", "gpu-a", "m", "alice"),
     ]
     assert named(sums.rows[120, "lab", "gpu-a", "m", "alice"]) == {
-        "requests": 2, "errors": 1, "prompt_tokens": 200, "cached_tokens": 120,
-        "completion_tokens": 40, "first_token_n": 2, "first_token_seconds": 2.0,
-        "speed_n": 1, "speed_sum": 40.0,
+        "requests": 3, "errors": 1, "prompt_tokens": 300, "cached_tokens": 180,
+        "completion_tokens": 60, "first_token_n": 3, "first_token_seconds": 2.5,
+        "speed_n": 2, "speed_sum": 80.0, "loads": 1,
     }  # fmt: skip
 
 
