@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import CrossbarProcess, CrossbarStarter, RouterStarter
-from tests.integration.test_fleet import (
+from tests.support.fleet import (
     SEEN_TIMEOUT,
     Answer,
     crossbar_status,

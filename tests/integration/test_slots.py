@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import CrossbarStarter, RouterStarter
-from tests.integration.test_fleet import (
+from tests.support.fleet import (
     SEEN_TIMEOUT,
     one_host_crossbar,
     request,

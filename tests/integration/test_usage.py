@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import CrossbarStarter, RouterStarter
-from tests.integration.test_fleet import POLL, SEEN_TIMEOUT, crossbar_status, wait_until
+from tests.support.fleet import POLL, SEEN_TIMEOUT, crossbar_status, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
+
+from crossbar.testing import SimulatedHost
 
 TWO_MODELS = {"tiny-a": "loaded", "tiny-b": "unloaded"}
 
@@ -50,3 +53,13 @@ def request(path: str, **extra: Any) -> dict[str, Any]:
     if path == CHAT_PATH:
         return chat(**extra)
     return {"model": "tiny-a", "prompt": "Once upon a time", **extra}
+
+
+def stub_for(sim: SimulatedHost) -> Any:
+    """treq without sockets, straight into the simulator's resource."""
+    return StubTreq(sim.resource)
+
+
+async def get_json(stub: Any, path: str) -> tuple[int, Any]:
+    response = await stub.get("http://sim" + path)
+    return response.code, await stub.json_content(response)

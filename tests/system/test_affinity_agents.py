@@ -24,7 +24,7 @@ from crossbar.config import Config
 from crossbar.proxy.shapes import read_conversation
 from crossbar.routing.rendezvous import rendezvous
 from crossbar.testing import Rig, RigMaker, rigs
-from tests.unit.routing.test_affinity import (
+from tests.support.affinity import (
     Shape,
     affinity_route,
     chat_turn,

@@ -226,7 +226,7 @@ def test_opencode_compacts_when_its_request_fits_no_host_and_prints_crossbar_s_w
     and sends the turn again; when its own system prompt and tools alone outgrow every
     host, it does so again and again, printing crossbar's words each time, until stopped.
     Opt-in (``-m soak``): a run lasts its whole timeout (20 s)."""
-    from tests.system.test_opencode import install_opencode, opencode_env, opencode_json
+    from tests.support.opencode import install_opencode, opencode_env, opencode_json
 
     hosts = fleet(4_096, 4_096)
     project = tmp_path / "project"

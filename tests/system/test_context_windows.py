@@ -16,7 +16,7 @@ import pytest_twisted
 
 from crossbar.config import RouteConfig
 from crossbar.testing import Rig, RigMaker, SimulatedHost, rigs
-from tests.unit.routing.test_affinity import host_header
+from tests.support.affinity import host_header
 
 ROUTE = {"lab": RouteConfig("lab", ("small", "big"), "tiny-a")}
 PATHS = {

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,6 +33,8 @@ from crossbar.stats.record import RequestRecord
 from crossbar.stats.window import RecentTraffic
 from crossbar.testing import Rig, SimulatedHost
 from tests.support import all_polled, rigs
+from tests.support.chromium import CHROMIUM, chromium, dump_dom
+from tests.support.pagerows import PageRows
 
 T0 = 1_700_000_000.0
 T0_RFC3339 = "2023-11-14T22:13:20.000Z"
@@ -52,84 +51,6 @@ NO_TOKENS = {
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-class PageRows(HTMLParser):
-    """The status page as data: for each table id, one ``{column label: cell text}`` per row;
-    each ``<meta>`` with a ``name`` or ``http-equiv``, as ``{that: content}``; the text of
-    each other element that has an id (a paragraph), as ``{id: text}``; each chart's
-    ``<title>`` (an SVG's, not the page's), in order, in ``charts``."""
-
-    def __init__(self, page: str) -> None:
-        super().__init__()
-        self.tables: dict[str, list[dict[str, str]]] = {}
-        self.metas: dict[str, str | None] = {}
-        self.title = ""
-        self.charts: list[str] = []
-        self._in_svg = 0
-        self.texts: dict[str, str] = {}
-        self._said: tuple[str, str, list[str]] | None = None  # (id, tag, text) being read
-        self._table: str | None = None
-        self._row: dict[str, str] | None = None
-        self._label: str | None = None
-        self._text: list[str] = []
-        self._in_title = False
-        self.feed(page)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        element_id = dict(attrs).get("id")
-        if element_id and tag != "table":
-            self._said = (element_id, tag, [])
-        if tag == "table":
-            self._table = dict(attrs).get("id") or ""
-            self.tables[self._table] = []
-        elif tag == "tr" and self._table is not None:
-            self._row = {}
-        elif tag == "td" and self._row is not None:
-            self._label, self._text = dict(attrs).get("data-label") or "", []
-        elif tag == "br":
-            self._text.append(" ")
-        elif tag == "svg":
-            self._in_svg += 1
-        elif tag == "title":
-            self._in_title = True
-            if self._in_svg:
-                self.charts.append("")
-        elif tag == "meta":
-            found = dict(attrs)
-            key = found.get("name") or found.get("http-equiv")
-            if key:
-                self.metas[key] = found.get("content")
-
-    def handle_endtag(self, tag: str) -> None:
-        if self._said is not None and tag == self._said[1]:
-            element_id, _, text = self._said
-            self.texts[element_id] = " ".join("".join(text).split())
-            self._said = None
-        if tag == "td" and self._row is not None and self._label is not None:
-            self._row[self._label] = " ".join("".join(self._text).split())
-            self._label = None
-        elif tag == "tr" and self._row is not None and self._table is not None:
-            if self._row:
-                self.tables[self._table].append(self._row)
-            self._row = None
-        elif tag == "table":
-            self._table = None
-        elif tag == "title":
-            self._in_title = False
-        elif tag == "svg":
-            self._in_svg -= 1
-
-    def handle_data(self, data: str) -> None:
-        if self._said is not None:
-            self._said[2].append(data)
-        if self._label is not None:
-            self._text.append(data)
-        if self._in_title and self._in_svg:
-            self.charts[-1] += data
-        elif self._in_title:
-            self.title += data
 
 
 @attrs.define
@@ -870,42 +791,6 @@ async def test_readyz_flips_when_the_last_healthy_host_of_a_route_goes_down(flee
 
 
 # -- in a real browser --------------------------------------------------------------------------
-
-CHROMIUM = next(
-    (path for name in ("chromium", "chromium-browser") if (path := shutil.which(name))), None
-)
-
-
-def chromium(url: str, profile: Path, *args: str) -> bytes:
-    """Run headless Chromium on ``url`` with ``args``; its stdout (blocking: run it in a
-    thread)."""
-    assert CHROMIUM is not None
-    result = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            *args,
-            url,
-        ],
-        capture_output=True,
-        timeout=90,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
-    return result.stdout
-
-
-def dump_dom(url: str, profile: Path) -> str:
-    """The page as headless Chromium rendered it on a phone."""
-    return chromium(url, profile, "--window-size=390,844", "--dump-dom").decode()
 
 
 def screenshot(url: str, profile: Path, png: Path) -> None:

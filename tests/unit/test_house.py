@@ -276,3 +276,51 @@ def test_names_taken_from_another_package_are_in_its_all() -> None:
             if extra:
                 broken.append(f"{relative(path)}:{line} takes {extra} from {target}")
     assert not broken, report(broken, "names taken from another package are in its __all__")
+
+
+# -- test modules share helpers through tests/support only -------------------------------------
+
+
+def file_under_tests(module: str) -> Path | None:
+    """The file under ``tests/`` of the dotted ``module``, if it is one there."""
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file() and path.is_relative_to(TESTS):
+            return path
+    return None
+
+
+def imported_test_files(path: Path) -> Iterator[tuple[int, Path]]:
+    """Each file under ``tests/`` that ``path`` imports (a name from a module counts as
+    that module), with the line that imports it."""
+    package = dotted(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
+    for node in ast.walk(parsed(path)):
+        if isinstance(node, ast.Import):
+            found = [file_under_tests(alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parent = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*parent, *([node.module] if node.module else [])])
+            found = [
+                file_under_tests(f"{module}.{alias.name}") or file_under_tests(module)
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in dict.fromkeys(found):
+            if target is not None:
+                yield node.lineno, target
+
+
+def test_test_modules_share_helpers_only_through_tests_support() -> None:
+    """A helper several test modules use lives in ``tests/support/`` (or a ``conftest.py``):
+    no other module under ``tests/`` is imported by another."""
+    support = TESTS / "support"
+    broken = [
+        f"{relative(path)}:{line} imports {relative(target)}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, target in imported_test_files(path)
+        if target != path and not target.is_relative_to(support) and target.name != "conftest.py"
+    ]
+    assert not broken, report(broken, "test modules import helpers only from tests/support/")

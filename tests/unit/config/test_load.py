@@ -24,17 +24,7 @@ from crossbar.config import (
 from crossbar.config.load import _TOP_KEYS
 from crossbar.config.model import HOME_WAIT
 from tests.support.certs import self_signed_ca
-from tests.support.configfiles import MINIMAL, write
-
-
-def error_of(tmp_path: Path, text: str) -> str:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    message = str(info.value)
-    assert message.startswith(f"{path}: "), message
-    assert "\n" not in message
-    return message[len(str(path)) + 2 :]
+from tests.support.configfiles import MINIMAL, error_of, write
 
 
 def test_minimal_form_is_accepted(tmp_path: Path) -> None:

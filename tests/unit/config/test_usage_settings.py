@@ -9,7 +9,7 @@ import pytest
 
 from crossbar.config import load_config, parse_config
 from crossbar.demo import fleet_config
-from tests.unit.config.test_load import MINIMAL, error_of, write
+from tests.support.configfiles import MINIMAL, error_of, write
 
 
 def test_by_default_usage_is_kept_beside_the_config_for_90_days(

@@ -17,7 +17,7 @@ from crossbar.polling.health import HealthTable
 from crossbar.stats.hour import HostHour, HourlyTraffic
 from crossbar.stats.record import RequestRecord
 from crossbar.stats.window import HostRecent, RecentTraffic
-from tests.system.test_status import PageRows
+from tests.support.pagerows import PageRows
 
 T0 = 1_700_000_040.0
 EVIL = "<script>alert(1)</script>"

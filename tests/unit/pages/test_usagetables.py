@@ -28,7 +28,8 @@ from crossbar.pages.usagetables import (
 from crossbar.testing.logs import LogCapture
 from crossbar.testing.rig import rigs
 from crossbar.testing.simulator import SimulatedHost
-from tests.system.test_status import CHROMIUM, PageRows, dump_dom
+from tests.support.chromium import CHROMIUM, dump_dom
+from tests.support.pagerows import PageRows
 
 PLUS_ONE = timezone(timedelta(hours=1))
 WEDNESDAY = datetime(2026, 12, 2, 10, 30, tzinfo=PLUS_ONE).timestamp()

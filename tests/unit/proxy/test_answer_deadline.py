@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
-from tests.unit.proxy.test_exchange import BODY, END, EVENT, HEAD, chunk, config
+from tests.support.exchange import BODY, END, EVENT, HEAD, chunk, config
 
 ASK = (
     b"POST /lab/v1/chat/completions HTTP/1.1\r\nHost: crossbar\r\nContent-Length: %d\r\n\r\n%s"

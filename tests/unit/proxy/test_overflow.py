@@ -6,13 +6,7 @@ from __future__ import annotations
 import pytest
 
 from crossbar.proxy.overflow import MAX_REFUSAL_BYTES, Overflow, may_be_refusal, read_overflow
-
-REAL = (
-    b'{"error":{"code":400,"message":"request (3528 tokens) exceeds the available context size'
-    b' (2048 tokens), try increasing it","type":"exceed_context_size_error",'
-    b'"n_prompt_tokens":3528,"n_ctx":2048}}'
-)
-"""llama.cpp 0c1e57098's answer, byte for byte, to a 3,528-token prompt on a 2,048-token slot."""
+from tests.support.refusals import REAL
 
 
 def test_a_real_refusal_is_read_with_the_host_s_own_numbers() -> None:

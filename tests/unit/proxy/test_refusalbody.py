@@ -10,7 +10,7 @@ from twisted.web.client import ResponseDone
 
 from crossbar.proxy.overflow import MAX_REFUSAL_BYTES
 from crossbar.proxy.refusalbody import RefusalBody
-from tests.unit.proxy.test_overflow import REAL
+from tests.support.refusals import REAL
 
 
 class Collect(Protocol):

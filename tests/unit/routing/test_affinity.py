@@ -14,7 +14,7 @@ import re
 import time
 import tracemalloc
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import attrs
 import pytest
 import pytest_twisted
 
-from crossbar.config import Config, RouteConfig
+from crossbar.config import Config
 from crossbar.proxy.shapes import read_conversation
 from crossbar.routing.affinity import (
     MAX_CONVERSATIONS,
@@ -36,29 +36,24 @@ from crossbar.routing.conversationtable import LiveCounts as _LiveCounts
 from crossbar.routing.rendezvous import ranked_hosts, rendezvous
 from crossbar.testing import Reader, RigMaker, SimulatedHost, rigs, wait_state
 from tests.support import Daemon, free_port, start_daemon, start_simulator
-from tests.support.codex_requests import codex_turn_body
+from tests.support.affinity import (
+    CHAT,
+    Shape,
+    affinity_route,
+    body,
+    chat_turn,
+    claude_turn,
+    codex_turn,
+    host_header,
+    hosts,
+)
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
-CHAT = "/lab/v1/chat/completions"
 
 
 def keys(count: int, seed: int = 1) -> list[bytes]:
     rng = random.Random(seed)
     return [rng.randbytes(16) for _ in range(count)]
-
-
-def body(first: str, turn: int = 1, model: str = "tiny-a") -> dict[str, Any]:
-    """Turn ``turn`` of the conversation that began with the user message ``first``."""
-    messages: list[dict[str, str]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": first},
-    ]
-    for n in range(1, turn):
-        messages += [
-            {"role": "assistant", "content": f"done {n}"},
-            {"role": "user", "content": f"next {n}"},
-        ]
-    return {"model": model, "messages": messages, "max_tokens": 4}
 
 
 def home_of(first: str, hosts: list[str]) -> str:
@@ -390,20 +385,6 @@ async def make() -> AsyncIterator[RigMaker]:
         yield maker
 
 
-def affinity_route(**changes: Any) -> dict[str, RouteConfig]:
-    return {"lab": RouteConfig("lab", ("gpu-a", "gpu-b"), "tiny-a", "cache_affinity", **changes)}
-
-
-def hosts(**kwargs: Any) -> dict[str, SimulatedHost]:
-    return {
-        name: SimulatedHost({"tiny-a": "loaded"}, chunks=3, **kwargs) for name in ("gpu-a", "gpu-b")
-    }
-
-
-def host_header(response: Any) -> str:
-    return str(response.headers.getRawHeaders(b"x-crossbar-host")[0].decode())
-
-
 @pytest_twisted.ensureDeferred
 async def test_turns_stay_on_one_host_and_conversations_spread(make: RigMaker) -> None:
     # Each host says it runs 8 slots (learned as a router's total_slots): room for all 8
@@ -622,37 +603,6 @@ TWO_REPLICAS_WITH_SLOTS = TWO_REPLICAS.replace(
     "  gpu-a:\n    url: http://127.0.0.1:{a}\n    slots: 2\n"
     "  gpu-b:\n    url: http://127.0.0.1:{b}\n    slots: 2\n",
 )
-
-
-Shape = Callable[[str, int], tuple[str, dict[str, Any]]]
-"""A conversation's turn as some API sends it: (path, body), from its first words and turn."""
-
-
-def chat_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
-    return CHAT, body(first, turn)
-
-
-def claude_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
-    """Turn ``turn`` of a Claude Code session: its billing header's nonce new every time."""
-    billing = (
-        f"x-anthropic-billing-header: cc_version=2.1.328.a1; cc_entrypoint=cli; cch={turn:05x};"
-    )
-    system = [{"type": "text", "text": billing}, {"type": "text", "text": "You are Claude Code."}]
-    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
-    for n in range(1, turn):
-        messages += [
-            {"role": "assistant", "content": f"done {n}"},
-            {"role": "user", "content": f"next {n}"},
-        ]
-    data = {"model": "tiny-a", "system": system, "messages": messages, "max_tokens": 4}
-    return "/lab/v1/messages", data
-
-
-def codex_turn(first: str, turn: int) -> tuple[str, dict[str, Any]]:
-    """Turn ``turn`` of a Codex session, every one begun in the same directory: Codex's
-    context first, as it sends it, then the prompt ``first``; each answer a function call
-    and its output."""
-    return "/lab/v1/responses", codex_turn_body(first, turn, model="tiny-a")
 
 
 def alternate(

@@ -17,7 +17,7 @@ from crossbar.proxy import hostanswer
 from crossbar.testing import MemoryProxy
 from crossbar.upstream import Call
 from tests.support.errors import api_error
-from tests.unit.proxy.test_exchange import HEAD, ask, config
+from tests.support.exchange import HEAD, ask, config
 
 
 class Connection:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
@@ -24,17 +23,14 @@ from tests.support.simulatorclient import (
     TEXT_PATH,
     TWO_MODELS,
     chat,
+    get_json,
     request,
     sse_payloads,
+    stub_for,
     watch,
 )
 
 ERROR_KEYS = ["code", "message", "type"]
-
-
-def stub_for(sim: SimulatedHost) -> Any:
-    """treq without sockets, straight into the simulator's resource."""
-    return StubTreq(sim.resource)
 
 
 async def post_json(stub: Any, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -46,11 +42,6 @@ def error_json(code: int, message: str) -> dict[str, Any]:
     """llama-server's error answer, as the real router words it."""
     kind = {400: "invalid_request_error"}.get(code, "server_error")
     return {"error": {"code": code, "message": message, "type": kind}}
-
-
-async def get_json(stub: Any, path: str) -> tuple[int, Any]:
-    response = await stub.get("http://sim" + path)
-    return response.code, await stub.json_content(response)
 
 
 # -- answers ------------------------------------------------------------------------------------

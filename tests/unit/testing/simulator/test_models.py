@@ -11,7 +11,7 @@ import pytest_twisted
 from twisted.internet.task import Clock
 
 from crossbar.testing import SimulatedHost
-from tests.unit.testing.simulator.test_host import chat, get_json, stub_for, watch
+from tests.support.simulatorclient import chat, get_json, stub_for, watch
 
 
 def _router(models: dict[str, str], models_max: int) -> tuple[SimulatedHost, Any, Clock]:
