@@ -18,6 +18,12 @@ would be fed each answer's usage:
 Prints the mean and the worst error, in per cent of the true count, and the time a guess
 takes. The simulator's pieces are not a real tokenizer's: the rate differs on a real
 model, the way the error behaves as a conversation grows does not.
+
+With ``--real URL`` the true count is a real llama-server's instead: each turn is sent
+(``max_tokens`` 1, not streamed) to ``URL`` (a llama-server, or a crossbar route such as
+``http://127.0.0.1:8080/lab``) for ``--model``, and its answer's ``usage`` is read (prompt
+tokens, cached ones included). Texts are cut to ``--system-chars`` and ``--file-chars`` so a
+conversation fits the server's window (``-c``); no time is measured in this mode.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,13 @@ from crossbar.testing.simulator.apis import prompt  # noqa: E402
 SYSTEM = (ROOT / "docs" / "clients.md").read_text()[:24_000]
 SOURCES = sorted((ROOT / "crossbar").rglob("*.py"))
 FILES = [p.read_text() for p in SOURCES if p.stat().st_size > 2000]
+FILE_CHARS = 6000
+"""Characters of a source file in each tool result."""
+
+
+def tool_result(n: int) -> str:
+    """The text of the ``n``-th tool result: a source file, cut to :data:`FILE_CHARS`."""
+    return FILES[n % len(FILES)][:FILE_CHARS]
 
 
 def chat_turns(turns: int) -> Iterator[dict[str, Any]]:
@@ -49,7 +63,7 @@ def chat_turns(turns: int) -> Iterator[dict[str, Any]]:
         call = {"id": f"c{n}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
         messages += [
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"c{n}", "content": FILES[n % len(FILES)][:6000]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": tool_result(n)},
         ]
 
 
@@ -67,7 +81,7 @@ def claude_turns(turns: int) -> Iterator[dict[str, Any]]:
                "max_tokens": 32000, "stream": True}  # fmt: skip
         use = {"type": "tool_use", "id": f"t{n}", "name": "tool1", "input": {"path": f"f{n}.py"}}
         result = {"type": "tool_result", "tool_use_id": f"t{n}",
-                  "content": FILES[n % len(FILES)][:6000]}  # fmt: skip
+                  "content": tool_result(n)}  # fmt: skip
         messages += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
 
 
@@ -85,7 +99,7 @@ def codex_turns(turns: int) -> Iterator[dict[str, Any]]:
         items += [
             {"type": "function_call", "name": "shell", "arguments": args, "call_id": f"c{n}"},
             {"type": "function_call_output", "call_id": f"c{n}",
-             "output": FILES[n % len(FILES)][:6000]},
+             "output": tool_result(n)},
         ]  # fmt: skip
 
 
@@ -96,10 +110,45 @@ SHAPES: list[tuple[str, str, str, Callable[[int], Iterator[dict[str, Any]]]]] = 
 ]
 
 
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+
+
+def as_sent(name: str, body: dict[str, Any], model: str) -> dict[str, Any]:
+    """``body`` as ``--real`` sends it: for ``model``, one token answered, not streamed."""
+    sent = {**body, "model": model, "stream": False}
+    sent.pop("max_tokens", None)
+    sent["max_output_tokens" if name == "responses" else "max_tokens"] = 1
+    return sent
+
+
+def real_tokens(url: str, name: str, raw: bytes) -> int:
+    """A real server's count of the prompt tokens of ``raw`` (its answer's ``usage``)."""
+    ask = urllib.request.Request(url + PATHS[name], raw, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(ask, timeout=600) as answer:
+        usage = json.loads(answer.read())["usage"]
+    if name == "messages":  # input_tokens leaves the cached ones out
+        return int(usage["input_tokens"]) + int(usage.get("cache_read_input_tokens", 0))
+    return int(usage["prompt_tokens" if name == "chat" else "input_tokens"])
+
+
+def true_tokens(real: str | None, name: str, sim_api: str, body: Any, raw: bytes) -> int:
+    """The prompt's true tokens: the real server's at ``real``, else the simulator's."""
+    if real is not None:
+        return real_tokens(real, name, raw)
+    return len(prompt(sim_api, body))  # type: ignore[arg-type]
+
+
 def main() -> None:
+    global SYSTEM, FILE_CHARS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--real", metavar="URL", help="count with a real llama-server at URL")
+    parser.add_argument("--model", default="m", help="the model to ask for (--real)")
+    parser.add_argument("--system-chars", type=int, default=24_000)
+    parser.add_argument("--file-chars", type=int, default=FILE_CHARS)
     args = parser.parse_args()
+    SYSTEM, FILE_CHARS = SYSTEM[: args.system_chars], args.file_chars
+    real = args.real.rstrip("/") if args.real else None
     print(f"first rate {FIRST_BYTES_PER_TOKEN} bytes/token; errors in % of the true count")
     print(f"{'api':10} {'bytes':>15} {'tokens':>15} {'first':>13} {'learned':>13} {'conv.':>13}")
     for name, api, sim_api, turns in SHAPES:
@@ -107,8 +156,10 @@ def main() -> None:
         errors: dict[str, list[float]] = {"first": [], "learned": [], "conversation": []}
         sized: list[tuple[int, int]] = []
         for n, body in enumerate(turns(args.turns)):
+            if real is not None:
+                body = as_sent(name, body, args.model)
             raw = json.dumps(body).encode()
-            true = len(prompt(sim_api, body))  # type: ignore[arg-type]
+            true = true_tokens(real, name, sim_api, body, raw)
             sized.append((len(raw), true))
             errors["first"].append(100 * (len(raw) / FIRST_BYTES_PER_TOKEN - true) / true)
             if n:
@@ -126,6 +177,9 @@ def main() -> None:
         span = f"{sized[0][0]:,}-{sized[-1][0]:,}"
         tokens = f"{sized[0][1]:,}-{sized[-1][1]:,}"
         print(f"{name:10} {span:>15} {tokens:>15} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13}")
+    if real is not None:
+        print("mean and worst error per cell: 'mean (worst)'")
+        return
     sizes = PromptSizes()
     sizes.learn("m", "chat", 100_000, 25_000, b"k")
     rounds = 200_000
