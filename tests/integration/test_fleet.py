@@ -14,14 +14,10 @@ It runs while the shared fleet keeps being polled, which is part of that minute.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +38,10 @@ from tests.support.fleet import (
     SEEN_TIMEOUT,
     Answer,
     crossbar_status,
-    lowered,
     models_of,
     request,
     statuses_of,
+    stream_raw,
     wait_until,
 )
 
@@ -92,18 +88,6 @@ def sse_payloads(body: bytes) -> list[Any]:
             text = "\n".join(data)
             payloads.append(text if text == "[DONE]" else json.loads(text))
     return payloads
-
-
-def stream_raw(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-    """POST and read a whole streamed answer with http.client (status, headers, raw body)."""
-    target = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=REQUEST_TIMEOUT)
-    try:
-        conn.request("POST", target.path, json.dumps(body), {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, lowered(response.getheaders()), response.read()
-    finally:
-        conn.close()
 
 
 # Per request, these differ even when the generated text is the same.

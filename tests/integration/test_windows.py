@@ -24,7 +24,7 @@ from treq.testing import StubTreq
 
 from crossbar.testing import SimulatedHost
 from tests.integration.conftest import CrossbarProcess, CrossbarStarter, RouterStarter
-from tests.integration.test_fleet import (
+from tests.support.fleet import (
     POLL,
     SEEN_TIMEOUT,
     Answer,

@@ -3,9 +3,11 @@ process talks to separate processes: no reactor needed), and a wait on what they
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,3 +116,15 @@ def wait_until(
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting until {what}", pytrace=False)
         time.sleep(interval)
+
+
+def stream_raw(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    """POST and read a whole streamed answer with http.client (status, headers, raw body)."""
+    target = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=REQUEST_TIMEOUT)
+    try:
+        conn.request("POST", target.path, json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, lowered(response.getheaders()), response.read()
+    finally:
+        conn.close()
