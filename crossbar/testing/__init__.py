@@ -7,7 +7,7 @@ Importing this package installs no reactor: the helpers use the global one when 
 """
 
 from crossbar.testing.logs import LogCapture
-from crossbar.testing.memory import ClientLine, HostLine, MemoryProxy
+from crossbar.testing.memory import ClientLine, HostLine, LineTransport, MemoryProxy
 from crossbar.testing.reader import Reader, broken
 from crossbar.testing.rig import (
     FAST,
@@ -37,6 +37,7 @@ __all__ = [
     "ClientLine",
     "Fault",
     "HostLine",
+    "LineTransport",
     "LogCapture",
     "MemoryProxy",
     "Prefill",

@@ -32,15 +32,21 @@ from crossbar.upstream import Upstreams
 CLIENT = IPv4Address("TCP", "127.0.0.1", 40000)
 
 
-class _Transport(StringTransport):
+class LineTransport(StringTransport):
     """A StringTransport whose close reaches its protocol on the clock's next turn, as
-    a socket's does (``connectionLost`` after ``loseConnection`` or ``abortConnection``)."""
+    a socket's does (``connectionLost`` after ``loseConnection`` or ``abortConnection``);
+    ``writes`` keeps each write apart, to see how many a message took."""
 
-    def __init__(self, clock: MemoryReactorClock, peer: IPv4Address) -> None:
+    def __init__(self, clock: MemoryReactorClock, peer: IPv4Address | None = None) -> None:
         super().__init__(peerAddress=peer)
         self._clock = clock
         self.protocol: Any = None
+        self.writes: list[bytes] = []
         self._lost = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        super().write(data)
 
     def loseConnection(self) -> None:
         super().loseConnection()
@@ -63,7 +69,7 @@ class HostLine:
     host: str
     """The host's name in the config."""
     protocol: Any
-    transport: _Transport
+    transport: LineTransport
 
     @property
     def received(self) -> bytes:
@@ -95,7 +101,7 @@ class ClientLine:
     """A client's connection to crossbar."""
 
     channel: Channel
-    transport: _Transport
+    transport: LineTransport
 
     def send(self, data: bytes) -> None:
         self.channel.dataReceived(data)
@@ -157,7 +163,7 @@ class MemoryProxy:
     def client(self) -> ClientLine:
         """A new client connection."""
         channel = self.site.buildProtocol(CLIENT)
-        transport = _Transport(self.clock, CLIENT)
+        transport = LineTransport(self.clock, CLIENT)
         transport.protocol = channel
         channel.makeConnection(transport)
         return ClientLine(channel, transport)
@@ -172,7 +178,7 @@ class MemoryProxy:
         """The oldest connection attempt succeeds."""
         host, port, factory, *_ = self._next()
         protocol = factory.buildProtocol(IPv4Address("TCP", host, port))
-        transport = _Transport(self.clock, IPv4Address("TCP", host, port))
+        transport = LineTransport(self.clock, IPv4Address("TCP", host, port))
         transport.protocol = protocol
         protocol.makeConnection(transport)
         return HostLine(self._hosts[host, port], protocol, transport)

@@ -12,15 +12,8 @@ from crossbar.config import Config, HostConfig, RouteConfig
 from crossbar.polling.health import HealthTable
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked
-from crossbar.proxy.fitting import (
-    fits_elsewhere,
-    hosts_too_small,
-    learn_refusal,
-    learn_usage,
-    prompt_estimate,
-    too_long_answer,
-)
-from crossbar.proxy.overflow import Overflow
+from crossbar.proxy.fitting import Fit
+from crossbar.proxy.outcome import Outcome
 from crossbar.routing import Conversation
 
 M = "qwen3-coder-30b"
@@ -50,47 +43,64 @@ def asked(
     return Asked(M, M, conversation, body, api=api, reply_limit=limit)
 
 
+def fit(proxy: ProxyContext, request: Asked, path: bytes = b"/v1/chat/completions") -> Fit:
+    outcome = Outcome(0.0)
+    outcome.route, outcome.path = ROUTE, path
+    return Fit(proxy, request, outcome)
+
+
+def refusal(tokens: int, window: int) -> bytes:
+    """llama-server's answer to a prompt longer than its slot."""
+    error = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": tokens,
+             "n_ctx": window, "message": "request exceeds the available context size"}  # fmt: skip
+    return json.dumps({"error": error}).encode()
+
+
 def test_a_long_prompt_passes_over_the_small_host_once_its_rate_is_learned() -> None:
     proxy = context()
     short, long = asked("word " * 200, limit=100), asked("word " * 4000, limit=100)
-    estimate = prompt_estimate(proxy, long)
-    assert estimate is not None and estimate.how == "first"
-    assert hosts_too_small(proxy, ROUTE, long, estimate) == ["small"]
-    assert hosts_too_small(proxy, ROUTE, short, prompt_estimate(proxy, short)) == []
-    learn_usage(proxy, long, 4003)  # the host counted it: 5 bytes a token
-    estimate = prompt_estimate(proxy, long)
+    first = fit(proxy, long)
+    assert first.estimate is not None and first.estimate.how == "first"
+    assert first.small(ROUTE, []) == ["small"]
+    assert first.small(ROUTE, ["small"]) == []
+    assert fit(proxy, short).small(ROUTE, []) == []
+    first.learn(4003)  # the host counted it: 5 bytes a token
+    estimate = fit(proxy, long).estimate
     assert estimate is not None and estimate.how == "learned" and estimate.tokens == 4003
 
 
 def test_what_is_not_a_prompt_is_not_sized() -> None:
     proxy = context()
-    assert prompt_estimate(proxy, Asked(M, api="model", body=b"{}")) is None
-    assert prompt_estimate(proxy, Asked(M, api="chat", body=None)) is None
-    assert hosts_too_small(proxy, ROUTE, Asked(M), None) == []
+    for request in (Asked(M, api="model", body=b"{}"), Asked(M, api="chat", body=None)):
+        sized = fit(proxy, request)
+        assert sized.estimate is None
+        assert sized.small(ROUTE, []) == []
+        assert not sized.holds(400, 300)
 
 
 def test_a_refusal_teaches_the_window_and_the_size_and_says_whether_to_retry() -> None:
     proxy = context()
     proxy.table.record_window("small", M, None)  # not known yet: the refusal tells it
     request = asked("word " * 700, key=b"k")
-    refusal = Overflow(prompt_tokens=3528, window=2048)
-    learn_refusal(proxy, request, "small", refusal)
+    first = fit(proxy, request)
+    assert first.holds(400, 300) and not first.holds(200, 300)
+    assert first.refused("small", 400, refusal(3528, 2048), ["small"]) == (
+        "3528 tokens > small's window 2048"
+    )
     assert proxy.table.view["small"].window(M) == 2048
-    estimate = prompt_estimate(proxy, request)
+    estimate = fit(proxy, request).estimate
     assert estimate is not None and (estimate.tokens, estimate.how) == (3528, "conversation")
-    assert fits_elsewhere(proxy, ROUTE, request, refusal, tried=["small"])
-    too_long = Overflow(prompt_tokens=10_000, window=8192)
-    assert not fits_elsewhere(proxy, ROUTE, request, too_long, tried=["big"])
+    assert first.refused("big", 400, b'{"error":{"code":400}}', ["small", "big"]) is None
 
 
 def test_no_host_fits_is_answered_in_the_api_s_words_with_the_largest_window() -> None:
     proxy = context()
-    refusal = Overflow(prompt_tokens=10_000, window=2048)
-    status, body = too_long_answer(proxy, ROUTE, asked("x"), b"/v1/messages", refusal)
+    too_long = refusal(10_000, 2048)
+    status, body = fit(proxy, asked("x"), b"/v1/messages").refused("small", 400, too_long, [])  # type: ignore[misc]
     assert status == 400
     assert body["error"] == {
         "type": "invalid_request_error",
         "message": "prompt is too long: 10000 tokens > 8192 maximum",
     }
-    _, body = too_long_answer(proxy, ROUTE, asked("x"), b"/v1/chat/completions", refusal)
+    _, body = fit(proxy, asked("x")).refused("small", 400, too_long, [])  # type: ignore[misc]
     assert body["error"]["code"] == "context_length_exceeded"  # type: ignore[index]

@@ -8,47 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from twisted.internet import error
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
-from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.python.failure import Failure
+from twisted.internet.testing import MemoryReactorClock
 
+from crossbar.testing import LineTransport
 from crossbar.upstream import Response, Upstreams
 from crossbar.upstream.pool import BODY_APART
 
 URLS = {"gpu-a": "http://10.0.0.1:8081/base/", "gpu-b": "http://gpu-b"}
 TIMEOUTS = {"gpu-a": 3.0, "gpu-b": 3.0}
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
-
-
-class Transport(StringTransport):
-    """A host's side of a connection: each write kept apart, and a close that reaches the
-    connection on the clock's next turn, as a socket's does."""
-
-    def __init__(self, clock: MemoryReactorClock) -> None:
-        super().__init__()
-        self.clock = clock
-        self.writes: list[bytes] = []
-        self.protocol: Any = None
-        self.lost = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-        super().write(data)
-
-    def loseConnection(self) -> None:
-        super().loseConnection()
-        self._lose(error.ConnectionDone())
-
-    def abortConnection(self) -> None:
-        super().abortConnection()
-        self._lose(error.ConnectionAborted())
-
-    def _lose(self, why: Exception) -> None:
-        if not self.lost:
-            self.lost = True
-            self.clock.callLater(0, self.protocol.connectionLost, Failure(why))
 
 
 class Fleet:
@@ -58,17 +28,17 @@ class Fleet:
         self.clock = MemoryReactorClock()
         self.upstreams = Upstreams(self.clock, URLS, TIMEOUTS, clock=self.clock, **options)
         self.accepted = 0
-        self.lines: list[Transport] = []
+        self.lines: list[LineTransport] = []
 
     @property
     def connecting(self) -> int:
         return len(self.clock.tcpClients) - self.accepted
 
-    def accept(self) -> Transport:
+    def accept(self) -> LineTransport:
         host, port, factory, *_ = self.clock.tcpClients[self.accepted]
         self.accepted += 1
         protocol = factory.buildProtocol(IPv4Address("TCP", host, port))
-        transport = Transport(self.clock)
+        transport = LineTransport(self.clock)
         transport.protocol = protocol
         protocol.makeConnection(transport)
         self.lines.append(transport)
@@ -81,7 +51,9 @@ class Fleet:
             host, method, b"/v1/chat/completions", b"X-Request-Id: 7\r\n", body
         )
 
-    def answered(self, line: Transport, asked: Deferred[Response], data: bytes = OK) -> Response:
+    def answered(
+        self, line: LineTransport, asked: Deferred[Response], data: bytes = OK
+    ) -> Response:
         line.protocol.dataReceived(data)
         got: list[Response] = []
         asked.addCallback(got.append)
