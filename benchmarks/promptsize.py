@@ -24,12 +24,19 @@ With ``--real URL`` the true count is a real llama-server's instead: each turn i
 ``http://127.0.0.1:8080/lab``) for ``--model``, and its answer's ``usage`` is read (prompt
 tokens, cached ones included). Texts are cut to ``--system-chars`` and ``--file-chars`` so a
 conversation fits the server's window (``-c``); no time is measured in this mode.
+
+With ``--tokenizer o200k_base`` (or ``cl100k_base``) the true count is a real BPE
+tokenizer's, of the prompt as the simulator's template renders it: the byte rate of a real
+model's vocabulary, without a model. It runs ``benchmarks/tokens.js`` with node and the npm
+package gpt-tokenizer (installed once into ``~/.cache/llama-crossbar/gpt-tokenizer``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -42,7 +49,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from crossbar.routing.promptsize import FIRST_BYTES_PER_TOKEN, PromptSizes  # noqa: E402
-from crossbar.testing.simulator.apis import prompt  # noqa: E402
+from crossbar.testing.simulator.apis import prompt, to_chat  # noqa: E402
+from crossbar.testing.simulator.cache import render  # noqa: E402
+
+TOKENIZER_VERSION = "4.0.0"
+"""The gpt-tokenizer release ``--tokenizer`` counts with."""
 
 SYSTEM = (ROOT / "docs" / "clients.md").read_text()[:24_000]
 SOURCES = sorted((ROOT / "crossbar").rglob("*.py"))
@@ -138,6 +149,21 @@ def true_tokens(real: str | None, name: str, sim_api: str, body: Any, raw: bytes
     return len(prompt(sim_api, body))  # type: ignore[arg-type]
 
 
+def bpe_counts(encoding: str, texts: list[str]) -> list[int]:
+    """The tokens of each of ``texts`` by gpt-tokenizer's ``encoding`` (installed on first use)."""
+    root = Path.home() / ".cache" / "llama-crossbar" / "gpt-tokenizer"
+    if not (root / "node_modules" / "gpt-tokenizer").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        install = ["npm", "install", "--silent", "--prefix", str(root)]
+        subprocess.run([*install, f"gpt-tokenizer@{TOKENIZER_VERSION}"], check=True)
+    env = {**os.environ, "NODE_PATH": str(root / "node_modules")}
+    counted = subprocess.run(
+        ["node", str(HERE / "tokens.js"), encoding],
+        input=json.dumps(texts).encode(), capture_output=True, check=True, env=env,
+    )  # fmt: skip
+    return [int(n) for n in json.loads(counted.stdout)]
+
+
 def main() -> None:
     global SYSTEM, FILE_CHARS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -146,6 +172,7 @@ def main() -> None:
     parser.add_argument("--model", default="m", help="the model to ask for (--real)")
     parser.add_argument("--system-chars", type=int, default=24_000)
     parser.add_argument("--file-chars", type=int, default=FILE_CHARS)
+    parser.add_argument("--tokenizer", metavar="ENCODING", help="count with a real BPE tokenizer")
     args = parser.parse_args()
     SYSTEM, FILE_CHARS = SYSTEM[: args.system_chars], args.file_chars
     real = args.real.rstrip("/") if args.real else None
@@ -155,11 +182,16 @@ def main() -> None:
         sizes = PromptSizes()
         errors: dict[str, list[float]] = {"first": [], "learned": [], "conversation": []}
         sized: list[tuple[int, int]] = []
-        for n, body in enumerate(turns(args.turns)):
+        bodies = list(turns(args.turns))
+        counts: list[int] | None = None
+        if args.tokenizer:
+            texts = [render(to_chat(sim_api, b), chat=True) for b in bodies]  # type: ignore[arg-type]
+            counts = bpe_counts(args.tokenizer, texts)
+        for n, body in enumerate(bodies):
             if real is not None:
                 body = as_sent(name, body, args.model)
             raw = json.dumps(body).encode()
-            true = true_tokens(real, name, sim_api, body, raw)
+            true = counts[n] if counts else true_tokens(real, name, sim_api, body, raw)
             sized.append((len(raw), true))
             errors["first"].append(100 * (len(raw) / FIRST_BYTES_PER_TOKEN - true) / true)
             if n:
@@ -177,7 +209,7 @@ def main() -> None:
         span = f"{sized[0][0]:,}-{sized[-1][0]:,}"
         tokens = f"{sized[0][1]:,}-{sized[-1][1]:,}"
         print(f"{name:10} {span:>15} {tokens:>15} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13}")
-    if real is not None:
+    if real is not None or args.tokenizer:
         print("mean and worst error per cell: 'mean (worst)'")
         return
     sizes = PromptSizes()
