@@ -264,7 +264,7 @@ class Exchange(AnswerRelay):
         else:
             self._stop_deadline()
             self._on(Event.ANSWERED_HERE)
-            answer_json(self.request, after[0], after[1], host)
+            self._answer_error(after[0], after[1], host)
 
     def _load_failed(self) -> None:
         """Its host said it failed to load the model (read by

@@ -73,7 +73,8 @@ class AnswerRelay:
         )  # fmt: skip
         self._body = body
         watched = load_watched(proxy, host, self.demand, response.code)  # a load's 500?
-        deliver(FirstContent(body, response.code, streamed, self, watched))
+        failing = 400 if request.startedWriting else 500  # a ping's head went out already
+        deliver(FirstContent(body, response.code, streamed, self, watched, failing))
         # deliverBody may have ended the exchange (a body that came whole) or failed over:
         # then no producer (registering it would raise) and no idle timer.
         if self._body is body and self.phase in (Phase.OPENING, Phase.STREAMING):

@@ -183,15 +183,23 @@ class FirstContent(protocol.Protocol):
     of ``500`` or more is held whole (at most :data:`HELD_MOST`), then said to have failed
     (or, a router's failed load, ``load_failed``); a break before content is a failure.
     ``load``: a ``500`` may say a failed load (the model was not loaded there when chosen).
+    ``failing``: the least status that is a failure (``400`` once another host's head went
+    out: a status can no longer reach the client).
     At its first content it tells ``opening.opened`` and gives the body to ``body``; from
     then on each chunk goes to ``body.dataReceived`` with no step in between."""
 
     def __init__(
-        self, body: StreamBody, code: int, streamed: bool, opening: Opening, load: bool = False
+        self,
+        body: StreamBody,
+        code: int,
+        streamed: bool,
+        opening: Opening,
+        load: bool = False,
+        failing: int = 500,
     ) -> None:
         self._body, self._code, self._opening, self._load = body, code, opening, load
         self._start = bytearray()
-        self._state = _HELD if code >= 500 else _EVENTS if streamed and code < 400 else _BYTES
+        self._state = _HELD if code >= failing else _EVENTS if streamed and code < 400 else _BYTES
 
     def connectionMade(self) -> None:
         self._body.makeConnection(self.transport)  # pauses and stops act on the host's socket

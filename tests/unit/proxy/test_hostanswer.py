@@ -199,3 +199,17 @@ def test_every_host_failing_before_any_head_went_out_is_today_s_json_error(
         broken(host, pair.clock)
     assert client.received.startswith(b"HTTP/1.1 502 ")
     assert b"upstream failed" in client.received
+
+
+def test_a_4xx_after_another_host_s_head_went_out_never_enters_the_stream(
+    pair: MemoryProxy,
+) -> None:
+    client = ask(pair)
+    gpu_a = pair.accept()
+    gpu_a.send(HEAD + chunk(PING))
+    broken(gpu_a, pair.clock)
+    words = b'{"error":{"message":"bad"}}'
+    pair.accept().send(b"HTTP/1.1 404 No\r\nContent-Length: %d\r\n\r\n%s" % (len(words), words))
+    received = client.received
+    assert words not in received and received.count(b"HTTP/1.1") == 1
+    assert b'data: {"error": {"message": "upstream failed' in received
