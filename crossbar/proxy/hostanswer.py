@@ -110,7 +110,7 @@ class AnswerRelay:
             self._send_head()
         self.request.write(comment)
 
-    def failed(self, why: str, held: bytes | None) -> None:
+    def failed(self, why: str, held: bytes | None, broke: bool) -> None:
         """The host failed before any content: another host is tried, as before a head."""
         host, request = self.outcome.host, self.request
         assert host is not None
@@ -122,7 +122,7 @@ class AnswerRelay:
             self._on(Event.BODY_BROKEN)
             self._abort_client()
             return
-        if held is None:
+        if broke:  # an error status is judged by its code, an error event not held against it
             self.proxy.table.request_failed(host, why)
         self._on(Event.HOST_FAILED)
         self._held_answer = None

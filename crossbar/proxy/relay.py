@@ -156,9 +156,9 @@ class Opening(Protocol):
     def kept_alive(self, comment: bytes) -> None:
         """An SSE comment (a host's ping) came before any content."""
 
-    def failed(self, why: str, held: bytes | None) -> None:
+    def failed(self, why: str, held: bytes | None, broke: bool) -> None:
         """The host failed before any content; ``held``: the whole body of its error
-        status, when it ended within :data:`HELD_MOST` (``None``: it broke)."""
+        status, when it ended within :data:`HELD_MOST`; ``broke``: its connection broke."""
 
     def load_failed(self) -> None:
         """Its ``500`` says it failed to load the model (:func:`crossbar.polling.failed_load`)."""
@@ -229,11 +229,11 @@ class FirstContent(protocol.Protocol):
             if clean and self._load and failed_load(self._code, start):
                 self._opening.load_failed()
             else:
-                self._opening.failed(f"answered {self._code}", start if clean else None)
+                self._opening.failed(f"answered {self._code}", start if clean else None, not clean)
             return
         if not clean:
             self._drop()
-            self._opening.failed(f"broke before any content ({describe(reason)})", None)
+            self._opening.failed(f"broke before any content ({describe(reason)})", None, True)
             return
         if self._open(self._take()):  # ended with no content: relayed as it came
             self._body.connectionLost(reason)
@@ -257,7 +257,7 @@ class FirstContent(protocol.Protocol):
                 continue
             if any(_error_line(line) for line in lines):
                 self._drop()
-                self._opening.failed("an error event before any content", None)
+                self._opening.failed("an error event before any content", None, False)
                 return
             self._open(self._take())
             return

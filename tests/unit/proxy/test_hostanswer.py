@@ -88,6 +88,8 @@ def test_a_host_that_breaks_after_its_head_and_a_ping_is_replaced_in_the_same_st
     assert client.received.startswith(b"HTTP/1.1 200 OK") and client.received.endswith(chunk(PING))
     broken(gpu_a, pair.clock)
     assert not client.closed
+    state = pair.table.get("gpu-a")
+    assert state is not None and not state.healthy  # a break marks the host down
     gpu_b = pair.accept()
     assert gpu_b.host == "gpu-b"
     gpu_b.send(HEAD + chunk(PING) + chunk(ROLE) + chunk(WORDS) + END)
@@ -123,6 +125,8 @@ def test_an_error_event_before_any_content_is_tried_on_the_next_host(pair: Memor
     pair.accept().send(HEAD + chunk(ROLE) + END)
     assert b"oops" not in client.received and client.received.endswith(chunk(ROLE) + END)
     assert pair.records[0].failures == (("gpu-a", "an error event before any content"),)
+    state = pair.table.get("gpu-a")
+    assert state is not None and state.healthy  # the request failed there, not the host
 
 
 def test_a_host_that_breaks_after_its_first_content_is_cut_off_not_retried(

@@ -311,8 +311,8 @@ class Opening:
     def kept_alive(self, comment: bytes) -> None:
         self.told.append(comment)
 
-    def failed(self, why: str, held: bytes | None) -> None:
-        self.told.append((why, held))
+    def failed(self, why: str, held: bytes | None, broke: bool) -> None:
+        self.told.append((why, held, broke))
 
     def load_failed(self) -> None:
         self.told.append("load failed")
@@ -348,12 +348,12 @@ def test_after_the_first_content_each_chunk_goes_straight_to_the_body() -> None:
 def test_an_error_event_or_a_break_before_content_is_a_failure_and_the_host_let_go() -> None:
     _, opening, first = gate()
     first.dataReceived(b'event: error\ndata: {"type":"error"}\n\n')
-    assert opening.told == [("an error event before any content", None)]
+    assert opening.told == [("an error event before any content", None, False)]
     body, opening, first = gate()
     first.dataReceived(b": ping\n\n")
     first.connectionLost(Failure(ConnectionLost("reset")))
-    [(why, held)] = opening.told[1:]
-    assert str(why).startswith("broke before any content") and held is None
+    [(why, held, broke)] = opening.told[1:]
+    assert str(why).startswith("broke before any content") and (held, broke) == (None, True)
     assert body.ends == [] and "stop" in body.transport.calls
 
 
@@ -362,7 +362,7 @@ def test_an_error_status_is_held_whole_and_a_long_one_relayed_as_it_came() -> No
     first.dataReceived(b'{"error":')
     first.dataReceived(b'"busy"}')
     first.connectionLost(Failure(ResponseDone()))
-    assert opening.told == [("answered 503", b'{"error":"busy"}')]
+    assert opening.told == [("answered 503", b'{"error":"busy"}', False)]
     body, opening, first = gate(500, streamed=False)
     first.dataReceived(b"x" * (HELD_MOST + 1))  # never more than HELD_MOST held
     assert opening.told == ["opened"] and len(b"".join(body.request.written)) == HELD_MOST + 1
