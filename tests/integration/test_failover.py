@@ -19,15 +19,8 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import CrossbarStarter, RouterStarter
-from tests.support.fleet import (
-    POLL,
-    SEEN_TIMEOUT,
-    crossbar_status,
-    request,
-    statuses_of,
-    stream_raw,
-    wait_until,
-)
+from tests.support import fleet
+from tests.support.fleet import SEEN_TIMEOUT, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,24 +57,24 @@ def test_a_router_killed_mid_prefill_is_replaced_and_the_stream_completes(
 ) -> None:
     routers = {n: llama_router(tiny_models(MODEL), models_max=1, extra_args=SLOW) for n in "ab"}
     for router in routers.values():
-        loaded = request("POST", f"{router.url}/models/load", {"model": MODEL})
+        loaded = fleet.request("POST", f"{router.url}/models/load", {"model": MODEL})
         assert loaded.status == 200, loaded
-        wait_until(lambda r=router: statuses_of(r)[MODEL] == "loaded", SEEN_TIMEOUT, "loaded")
+        wait_until(lambda r=router: fleet.statuses_of(r)[MODEL] == "loaded", SEEN_TIMEOUT, "loaded")
     proxy = crossbar_process(
         {
-            "poll_interval": POLL,
+            "poll_interval": fleet.POLL,
             "hosts": {name: r.url for name, r in routers.items()},
             "routes": {"lab": {"hosts": ["a", "b"], "policy": "priority", "default_model": MODEL}},
         }
     )
 
     def both_up() -> bool:
-        hosts = crossbar_status(proxy)["hosts"]
+        hosts = fleet.crossbar_status(proxy)["hosts"]
         return all(MODEL in hosts[h].get("models", {}) for h in "ab")
 
     wait_until(both_up, SEEN_TIMEOUT, "crossbar sees tiny-a on both routers")
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(stream_raw, f"{proxy.url}/lab{path}", body_for(path))
+        answer = pool.submit(fleet.stream_raw, f"{proxy.url}/lab{path}", body_for(path))
         wait_until(
             lambda: "processing task" in routers["a"].output(),
             SEEN_TIMEOUT,

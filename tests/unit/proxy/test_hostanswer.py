@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from crossbar.config import parse_config
-from crossbar.testing import HostLine, MemoryProxy
+from crossbar.testing import ClientLine, HostLine, MemoryProxy
 from tests.support.exchange import BODY as STREAMED
 from tests.support.exchange import END, HEAD, ask, chunk, config
 
@@ -79,14 +79,20 @@ def broken(host: HostLine, clock: Any) -> None:
     clock.advance(0)
 
 
-def test_a_host_that_breaks_after_its_head_and_a_ping_is_replaced_in_the_same_stream(
-    pair: MemoryProxy,
-) -> None:
+def pinged_then_broken(pair: MemoryProxy) -> ClientLine:
+    """A streamed request whose first host sends its head and a ping, then breaks."""
     client = ask(pair)
     gpu_a = pair.accept()
     gpu_a.send(HEAD + chunk(PING))
-    assert client.received.startswith(b"HTTP/1.1 200 OK") and client.received.endswith(chunk(PING))
     broken(gpu_a, pair.clock)
+    return client
+
+
+def test_a_host_that_breaks_after_its_head_and_a_ping_is_replaced_in_the_same_stream(
+    pair: MemoryProxy,
+) -> None:
+    client = pinged_then_broken(pair)
+    assert client.received.startswith(b"HTTP/1.1 200 OK") and client.received.endswith(chunk(PING))
     assert not client.closed
     state = pair.table.get("gpu-a")
     assert state is not None and not state.healthy  # a break marks the host down
@@ -208,10 +214,7 @@ def test_every_host_failing_before_any_head_went_out_is_today_s_json_error(
 def test_a_4xx_after_another_host_s_head_went_out_never_enters_the_stream(
     pair: MemoryProxy,
 ) -> None:
-    client = ask(pair)
-    gpu_a = pair.accept()
-    gpu_a.send(HEAD + chunk(PING))
-    broken(gpu_a, pair.clock)
+    client = pinged_then_broken(pair)
     words = b'{"error":{"message":"bad"}}'
     pair.accept().send(b"HTTP/1.1 404 No\r\nContent-Length: %d\r\n\r\n%s" % (len(words), words))
     received = client.received
