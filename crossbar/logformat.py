@@ -116,6 +116,7 @@ def _request(record: RequestRecord, event: LogEvent) -> _RequestLine:
     speed = record.tokens_per_second
     # Most requests went as asked: their notes (a list, made) are looked for only if not.
     unusual = record.cut_off or record.client_left or len(record.tried) > 1
+    unusual = unusual or bool(record.failures)
     unusual = unusual or record.moved_from is not None or waited is not None
     unusual = unusual or record.reason is not None or record.size_note is not None
     return _RequestLine(

@@ -153,6 +153,9 @@ class Exchange(AnswerRelay):
                 )
                 raise BadTarget(503, words)
             assert outcome.host is not None
+            if self._held_answer is not None:  # the last host's error status, held whole
+                self._give_held()
+                return
             status, error = (504, "upstream timeout") if timed_out else (502, "upstream failed")
             self.fail(status, error, host=outcome.host)
             return
@@ -162,6 +165,9 @@ class Exchange(AnswerRelay):
         host = choice.host
         outcome.chose(choice)
         if last_error is not None:
+            said_why = outcome.size_note is not None and last_error in outcome.size_note
+            why = "refused the prompt as too long" if said_why else last_error
+            outcome.failures.append((outcome.host or "-", why))
             said = "route {route}: {failed} failed before answering ({why}); trying {host}"
             log.warn(said, route=route.name, failed=outcome.host, why=last_error, host=host)
         self._on(Event.CHOSEN)
@@ -220,7 +226,7 @@ class Exchange(AnswerRelay):
         if self._on(Event.REFUSED):
             retry = {b"retry-after": b"%d" % refused.retry_after}
             payload = error_payload(self.outcome.path, refused.status, refused.error)
-            answer_json(self.request, refused.status, payload, None, retry)
+            self._answer_error(refused.status, payload, None, retry)
 
     # -- waiting for the head --------------------------------------------------------------
 
@@ -258,11 +264,12 @@ class Exchange(AnswerRelay):
         else:
             self._stop_deadline()
             self._on(Event.ANSWERED_HERE)
-            answer_json(self.request, after[0], after[1], host)
+            self._answer_error(after[0], after[1], host)
 
     def _load_failed(self) -> None:
-        """Its host said it failed to load the model (:class:`LoadCheck`): it is not asked
-        to load it for a while (the health table's back-off); the request goes on, or waits."""
+        """Its host said it failed to load the model (read by
+        :class:`~crossbar.proxy.relay.FirstContent`): it is not asked to load it for a while
+        (the health table's back-off); the request goes on, or waits."""
         host, model = self.outcome.host, self.demand.model
         if self._on(Event.LOAD_FAILED) and host is not None and model is not None:
             self.proxy.table.load_failed(host, model)
@@ -320,7 +327,7 @@ class Exchange(AnswerRelay):
     def _error(self, status: int, message: str, extra: dict[str, str]) -> None:
         self.outcome.reason = message + "".join(f" ({n} {v})" for n, v in extra.items())
         payload = error_payload(self.outcome.path, status, message, extra)
-        answer_json(self.request, status, payload, self.outcome.host)
+        self._answer_error(status, payload, self.outcome.host)
 
     def _ended(self, result: object) -> None:
         """The client's side is over: the answer was sent, or the client left."""

@@ -40,6 +40,8 @@ class Outcome:
     """The last host tried."""
     tried: list[str] = attrs.Factory(list)
     """Every host tried, in order."""
+    failures: list[tuple[str, str]] = attrs.Factory(list)
+    """Each host that failed and another was tried, with why, in order."""
     placement: Placement | None = None
     """Where ``cache_affinity`` placed it, at the last host."""
     flow: Flow | None = None
@@ -90,6 +92,7 @@ class Outcome:
             method=request.method,
             path=self.path,
             tried=tuple(self.tried),
+            failures=tuple(self.failures),
             cut_off=phase is Phase.CUT_OFF,
             client_left=left,
             moved_from=placed.home if placed is not None and placed.outcome == "moved" else None,

@@ -25,8 +25,14 @@ class Phase(enum.Enum):
     """The host's head is a short ``400``: its body is read whole before anything reaches
     the client, for it may refuse a prompt too long for the host's window
     (:mod:`crossbar.proxy.overflow`); then tried elsewhere, answered, or relayed."""
+    OPENING = "waiting for the answer's first content"
+    """The host's head came, but nothing a client parses has reached the client: the head
+    and SSE comments may go out to keep its connection alive, and a host that fails now
+    (a break, a ``5xx``, an error event) is still tried on another
+    (:class:`~crossbar.proxy.relay.FirstContent`)."""
     STREAMING = "streaming the answer"
-    """The host's status line came; its body is relayed as it arrives."""
+    """The answer's first content reached the client; its body is relayed as it arrives,
+    and nothing is retried."""
     ANSWERED = "answered"
     """Ended: the answer was relayed whole, or crossbar answered itself."""
     CUT_OFF = "cut off"
@@ -43,12 +49,13 @@ class Event(enum.Enum):
     DISPATCHED = "a slot of its group freed: on to choosing among the hosts with room"
     REFUSED = "the queue answered it: a limit, a wait past wait_timeout, crossbar stopping"
     HOST_FAILED = (
-        "the host failed before any answer, or refused the prompt as too long for its"
-        " window: another host is tried"
+        "the host failed before any content (no head, a break, a 5xx, an error event), or"
+        " refused the prompt as too long for its window: another host is tried"
     )
     LOAD_FAILED = "the host answered that it failed to load the model: on to another, or waits"
     HEAD_RECEIVED = "the host's status line and headers came"
     HEAD_HELD = "the host's head is a short 400: its body is read before any of it is relayed"
+    CONTENT = "the answer's first content went to the client: from now on nothing is retried"
     BODY_ENDED = "the host's body ended whole"
     BODY_BROKEN = "the answer had begun and broke off (or went quiet, or crossbar stopped)"
     TIMED_OUT = "no head within header_timeout, or no chunk before any was sent: a 504"
@@ -74,7 +81,7 @@ MOVES: Mapping[Phase, Mapping[Event, Phase]] = {
     },
     Phase.WAITING: {
         Event.HOST_FAILED: Phase.CHOOSING,
-        Event.HEAD_RECEIVED: Phase.STREAMING,
+        Event.HEAD_RECEIVED: Phase.OPENING,
         Event.HEAD_HELD: Phase.HOLDING,
         Event.TIMED_OUT: Phase.ANSWERED,
         Event.ANSWERED_HERE: Phase.ANSWERED,
@@ -82,13 +89,21 @@ MOVES: Mapping[Phase, Mapping[Event, Phase]] = {
     },
     Phase.HOLDING: {
         Event.HOST_FAILED: Phase.CHOOSING,
-        Event.HEAD_RECEIVED: Phase.STREAMING,
+        Event.HEAD_RECEIVED: Phase.OPENING,
+        Event.TIMED_OUT: Phase.ANSWERED,
+        Event.ANSWERED_HERE: Phase.ANSWERED,
+        Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
+    },
+    Phase.OPENING: {
+        Event.HOST_FAILED: Phase.CHOOSING,
+        Event.LOAD_FAILED: Phase.CHOOSING,
+        Event.CONTENT: Phase.STREAMING,
+        Event.BODY_BROKEN: Phase.CUT_OFF,
         Event.TIMED_OUT: Phase.ANSWERED,
         Event.ANSWERED_HERE: Phase.ANSWERED,
         Event.CLIENT_LEFT: Phase.CLIENT_LEFT,
     },
     Phase.STREAMING: {
-        Event.LOAD_FAILED: Phase.CHOOSING,
         Event.BODY_ENDED: Phase.ANSWERED,
         Event.BODY_BROKEN: Phase.CUT_OFF,
         Event.TIMED_OUT: Phase.ANSWERED,

@@ -46,6 +46,9 @@ class RequestRecord:
     """The route's part of the path once a route is known, else the path as asked."""
     tried: tuple[str, ...] = ()
     """Every host tried, in order (more than one: a failover)."""
+    failures: tuple[tuple[str, str], ...] = ()
+    """Each host of ``tried`` that failed and another was tried, with why, in order
+    (``("gpu-a", "broke before any content (connection reset)")``)."""
     cut_off: bool = False
     """The answer had begun and was cut off (the host broke it off, or went quiet)."""
     client_left: bool = False
@@ -85,8 +88,10 @@ class RequestRecord:
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""
         notes = ["answer cut off"] if self.cut_off else ["client left"] if self.client_left else []
-        if len(self.tried) > 1:
-            notes.append(f"tried {', '.join(self.tried)}")
+        if len(self.tried) > 1 or self.failures:
+            why = dict(self.failures)
+            tried = (f"{host}: {why[host]}" if host in why else host for host in self.tried)
+            notes.append(f"tried {', '.join(tried)}")
         if self.moved_from is not None:
             notes.append(f"moved from {self.moved_from}")
         if self.waited is not None:

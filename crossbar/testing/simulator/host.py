@@ -246,8 +246,8 @@ class SimulatedHost:
         if fault == "hang":
             await Deferred()  # only ever cancelled, when the client goes away
             return
-        if fault == "close":
-            serving.transport(request).loseConnection()
+        if fault in ("close", "die_in_prefill"):
+            serving.unanswered(request, self._reactor, pinged=fault == "die_in_prefill")
             return
         if fault == "reset" and not serving.wants_stream(request):
             serving.transport(request).abortConnection()

@@ -136,6 +136,17 @@ def close_after(request: Request) -> None:
     request.channel.persistent = False
 
 
+def unanswered(request: Request, clock: IReactorTime, pinged: bool) -> None:
+    """Close the connection with no answer; ``pinged``: a stream's head and one ``:`` ping
+    go out first, and the connection is then aborted (a host killed mid-prefill)."""
+    if not (pinged and wants_stream(request)):
+        (transport(request).abortConnection if pinged else transport(request).loseConnection)()
+        return
+    request.setHeader(b"content-type", b"text/event-stream")
+    request.write(b": ping\n\n")
+    clock.callLater(0.05, transport(request).abortConnection)  # once the ping has left
+
+
 def transport(request: Request) -> Any:
     """The connection under a request (a TCP transport, or a test double)."""
     return request.transport

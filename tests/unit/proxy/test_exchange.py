@@ -75,7 +75,7 @@ def test_failover_before_the_head_tries_the_next_host(proxy: MemoryProxy) -> Non
     assert b"x-crossbar-host: gpu-b" in client.received.lower()
     [record] = proxy.records
     assert record.tried == ("gpu-a", "gpu-b") and record.status == 200
-    assert record.notes() == ["tried gpu-a, gpu-b"]
+    assert record.notes() == ["tried gpu-a: connection refused, gpu-b"]
     state = proxy.table.get("gpu-a")
     assert state is not None and state.fails == 1
 

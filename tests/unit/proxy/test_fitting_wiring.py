@@ -108,7 +108,8 @@ def test_a_host_s_refusal_is_tried_on_the_host_that_fits_and_its_window_learned(
     assert record.tried == ("gpu-a", "gpu-b")
     assert record.size_note == "moved: 2600 tokens > gpu-a's window 2048"
     line = json.loads(json_line({"access": record}) or "{}")
-    assert line["note"] == "tried gpu-a, gpu-b; moved: 2600 tokens > gpu-a's window 2048"
+    tried = "tried gpu-a: refused the prompt as too long, gpu-b"
+    assert line["note"] == f"{tried}; moved: 2600 tokens > gpu-a's window 2048"
     ask(proxy, 1500)  # learned: not sent to gpu-a again (gpu-b's connection is kept alive)
     gpu_b.send(answer())
     assert proxy.records[-1].tried == ("gpu-b",) and proxy.waiting == []

@@ -176,16 +176,25 @@ def test_a_spilled_request_whose_load_failed_waits_again_and_is_served() -> None
     assert b"failed to load" not in spilled.received
 
 
-def test_a_500_that_is_no_failed_load_is_relayed_as_it_came() -> None:
+def test_a_500_that_is_no_failed_load_is_tried_elsewhere_and_the_last_one_relayed() -> None:
     memory = MemoryProxy(parse_config(config([{"name": "alice", "key": ALICE}])))
     memory.table.record_ok("gpu-a", (), ("n",))
     memory.table.record_ok("gpu-b", (), ("n",))
     client = ask(memory, model="n")
     words = b'{"error":{"message":"out of memory"}}'
-    memory.accept().send(
-        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s" % (len(words), words)
+    failed = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(words),
+        words,
     )
+    first = memory.accept()
+    first.send(failed)
+    assert client.received == b""  # held: another host may answer
+    second = memory.accept()
+    assert {first.host, second.host} == {"gpu-a", "gpu-b"}
+    second.send(failed)
 
     assert client.received.startswith(b"HTTP/1.1 500")
     assert client.received.endswith(words)
     assert memory.waiting == []
+    state = memory.table.view[first.host]
+    assert not state.load_failures.backed_off("n", memory.clock.seconds())

@@ -70,7 +70,7 @@ def test_a_late_event_after_the_end_changes_nothing() -> None:
 def test_the_diagram_shows_every_move_once_in_a_fixed_order() -> None:
     text = diagram()
     assert text.startswith("stateDiagram-v2\n    [*] --> CHOOSING\n")
-    assert "    WAITING --> STREAMING: head received\n" in text
+    assert "    WAITING --> OPENING: head received\n" in text
     moves = sum(len(m) for m in MOVES.values())
     assert text.count(" --> ") == 1 + moves + len(ENDED)
     assert diagram() == text

@@ -1,6 +1,6 @@
-"""crossbar.proxy.relay's ``StreamBody`` (and crossbar.http.timers' ``stop``), with
-a Clock, a fake client request and a fake upstream transport: what reaches the client, when
-the idle timer fires, and what reaches the upstream socket."""
+"""crossbar.proxy.relay's ``StreamBody`` and ``FirstContent`` (and crossbar.http.timers'
+``stop``), with a Clock, a fake client request and a fake upstream transport: what reaches
+the client, when the idle timer fires, and what reaches the upstream socket."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from twisted.web import server
 from twisted.web.client import ResponseDone
 
 from crossbar.http.timers import Deadline, nothing, stop
-from crossbar.proxy.relay import StreamBody
+from crossbar.proxy.relay import HELD_MOST, FirstContent, StreamBody
 from tests.support import RecordingProducer
 
 IDLE = 30.0
@@ -296,3 +296,79 @@ def test_a_lent_deadline_serves_the_body_then_is_left_to_its_lender() -> None:
     assert lent.due is None
     clock.advance(IDLE * 2)
     assert idle == [1]
+
+
+class Opening:
+    """What a FirstContent told, in order."""
+
+    def __init__(self) -> None:
+        self.told: list[object] = []
+
+    def opened(self) -> bool:
+        self.told.append("opened")
+        return True
+
+    def kept_alive(self, comment: bytes) -> None:
+        self.told.append(comment)
+
+    def failed(self, why: str, held: bytes | None, broke: bool) -> None:
+        self.told.append((why, held, broke))
+
+    def load_failed(self) -> None:
+        self.told.append("load failed")
+
+
+def gate(code: int = 200, streamed: bool = True) -> tuple[Body, Opening, FirstContent]:
+    body, opening = Body(), Opening()
+    first = FirstContent(body.body, code, streamed, opening)
+    first.makeConnection(cast(Any, body.transport))
+    return body, opening, first
+
+
+def test_pings_are_told_apart_and_the_first_event_opens_the_stream() -> None:
+    body, opening, first = gate()
+    body.body.arm()
+    first.dataReceived(b': ping\n\n: ping\r\n\r\ndata: {"choices"')
+    assert opening.told == [b": ping\n\n", b": ping\n\n"] and body.request.written == []
+    body.clock.advance(IDLE - 1)
+    first.dataReceived(b":[]}\n\ndata: more\n\n")  # a ping or a part keeps the host alive
+    body.clock.advance(IDLE - 1)
+    assert body.idle == 0
+    assert opening.told[-1] == "opened"
+    assert b"".join(body.request.written) == b'data: {"choices":[]}\n\ndata: more\n\n'
+
+
+def test_after_the_first_content_each_chunk_goes_straight_to_the_body() -> None:
+    body, _, first = gate()
+    first.dataReceived(b"data: {}\n\n")
+    assert first.dataReceived == body.body.dataReceived  # no step of the gate's per chunk
+    assert first.connectionLost == body.body.connectionLost
+
+
+def test_an_error_event_or_a_break_before_content_is_a_failure_and_the_host_let_go() -> None:
+    _, opening, first = gate()
+    first.dataReceived(b'event: error\ndata: {"type":"error"}\n\n')
+    assert opening.told == [("an error event before any content", None, False)]
+    body, opening, first = gate()
+    first.dataReceived(b": ping\n\n")
+    first.connectionLost(Failure(ConnectionLost("reset")))
+    [(why, held, broke)] = opening.told[1:]
+    assert str(why).startswith("broke before any content") and (held, broke) == (None, True)
+    assert body.ends == [] and "stop" in body.transport.calls
+
+
+def test_an_error_status_is_held_whole_and_a_long_one_relayed_as_it_came() -> None:
+    _, opening, first = gate(503, streamed=False)
+    first.dataReceived(b'{"error":')
+    first.dataReceived(b'"busy"}')
+    first.connectionLost(Failure(ResponseDone()))
+    assert opening.told == [("answered 503", b'{"error":"busy"}', False)]
+    body, opening, first = gate(500, streamed=False)
+    first.dataReceived(b"x" * (HELD_MOST + 1))  # never more than HELD_MOST held
+    assert opening.told == ["opened"] and len(b"".join(body.request.written)) == HELD_MOST + 1
+
+
+def test_an_event_never_whole_is_held_only_up_to_the_bound() -> None:
+    body, opening, first = gate()
+    first.dataReceived(b"data: " + b"x" * HELD_MOST)
+    assert opening.told == ["opened"] and body.request.written

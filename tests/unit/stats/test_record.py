@@ -25,6 +25,7 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "method": None,
         "path": b"-",
         "tried": (),
+        "failures": (),
         "cut_off": False,
         "client_left": False,
         "moved_from": None,

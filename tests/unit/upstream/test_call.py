@@ -17,7 +17,7 @@ from crossbar.proxy import hostanswer
 from crossbar.testing import MemoryProxy
 from crossbar.upstream import Call
 from tests.support.errors import api_error
-from tests.support.exchange import HEAD, ask, config
+from tests.support.exchange import EVENT, HEAD, ask, chunk, config
 
 
 class Connection:
@@ -137,7 +137,7 @@ def test_an_error_of_crossbar_s_own_on_the_host_s_head_is_a_500_in_words(
     monkeypatch.setattr(hostanswer, "answer_headers", broken)
     proxy = MemoryProxy(config(), models=("m",))
     client = ask(proxy)
-    proxy.accept().send(HEAD)
+    proxy.accept().send(HEAD + chunk(EVENT))  # the head goes out with the first content
     head, _, body = client.received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 500 ")
     assert json.loads(body) == api_error(500, "internal error")
