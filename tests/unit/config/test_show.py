@@ -140,5 +140,6 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "spillover": False,
         "models": None,
         "min_idle_before_evict": 30.0,
+        "aliases": None,
     }
     assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load", "home_wait"}  # c_a only
