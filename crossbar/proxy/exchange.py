@@ -113,6 +113,7 @@ class Exchange(AnswerRelay):
         outcome.route, outcome.path = route, target.rest
         if shape is None:
             raise BadTarget(404, not_found(route.name, target.rest))
+        outcome.generates = shape.uses_slot(request.method)
         if route.list_models == "merged" and target.rest == b"/v1/models":
             listing = merged_listing(route, proxy.table.view, int(outcome.started))
             if listing is None:
