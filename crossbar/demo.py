@@ -21,6 +21,10 @@ WINDOWS = {"gpu-a": 65_536, "gpu-b": 131_072, "gpu-c": 98_304}
 """Each host's slot window (tokens): an agent's session outgrows gpu-a's and moves to gpu-b."""
 
 
+DEMO_ALIASES = (("claude-*", "qwen3-coder-30b"), ("gpt-5*", "qwen3-coder-30b"))
+"""The names Claude Code and Codex send by default, on the route agents use."""
+
+
 def demo_config(reactor: Any, listen: str) -> tuple[Config, list[SimulatedHost]]:
     """Start the simulated hosts and return a config that routes to them."""
     sims: dict[str, SimulatedHost] = {}
@@ -42,7 +46,11 @@ def fleet_config(listen: str, urls: dict[str, str]) -> Config:
         hosts={name: HostConfig(name, url) for name, url in urls.items()},
         routes={
             "opencode": RouteConfig(
-                "opencode", ("gpu-a", "gpu-b"), "qwen3-coder-30b", list_models="merged"
+                "opencode",
+                ("gpu-a", "gpu-b"),
+                "qwen3-coder-30b",
+                list_models="merged",
+                aliases=DEMO_ALIASES,
             ),
             "hermes": RouteConfig(
                 "hermes", ("gpu-c", "gpu-b"), "hermes-4-14b", list_models="merged"

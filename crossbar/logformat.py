@@ -29,7 +29,7 @@ from twisted.logger import (
 )
 from zope.interface import implementer
 
-from crossbar.stats import RequestRecord, printable
+from crossbar.stats import ALIAS_CHARS, RequestRecord, printable
 
 
 def json_line(event: LogEvent) -> str | None:
@@ -92,6 +92,7 @@ class _RequestLine(msgspec.Struct):
     route: str
     host: str | None
     model: str | None
+    asked_model: str | None
     method: str
     path: str
     status: int
@@ -126,6 +127,7 @@ def _request(record: RequestRecord, event: LogEvent) -> _RequestLine:
         record.route,
         record.host,
         event.get("access_model"),
+        None if record.asked_model is None else record.asked_model[:ALIAS_CHARS],
         printable(record.method or b"-", 16),
         printable(record.path, 200),
         record.status,

@@ -204,6 +204,38 @@ def parse_model_patterns(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def parse_aliases(value: object) -> tuple[tuple[str, str], ...]:
+    """``aliases:``: glob patterns of the names clients send (``claude-*``), each to the
+    model of the fleet it stands for, in the mapping's order (the first that matches
+    wins); matched case-sensitively, as ``models:``. None (``None``): no aliases."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise ValueError(
+            "must be a mapping of name patterns to models (e.g. {claude-*: qwen3-coder-30b}); "
+            "leave it out for none"
+        )
+    found = []
+    for pattern, target in value.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise ValueError(f"pattern {pattern!r}: must be a model name or a glob pattern")
+        if len(pattern) > MAX_PATTERN or not pattern.isprintable():
+            problem = f"must be at most {MAX_PATTERN} printable characters"
+            raise ValueError(f"pattern {pattern!r}: {problem}")
+        if not isinstance(target, str) or not target.strip():
+            problem = f"must be the model it stands for, a string, not {target!r}"
+            raise ValueError(f"{pattern}: {problem}")
+        if len(target) > MAX_PATTERN or not target.isprintable() or _GLOB.search(target):
+            problem = f"must be one model's id, not a pattern, at most {MAX_PATTERN} characters"
+            raise ValueError(f"{pattern}: {problem}, not {target!r}")
+        found.append((pattern, target))
+    return tuple(found)
+
+
+_GLOB = re.compile(r"[*?\[]")
+"""What makes a name a pattern: an alias's target is one model, never a pattern."""
+
+
 def parse_idle(value: object) -> float:
     """``min_idle_before_evict``: a duration that may be zero (``0``, ``0s``: any idle
     model may be evicted); none: :data:`MIN_IDLE_BEFORE_EVICT`."""

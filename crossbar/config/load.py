@@ -18,6 +18,7 @@ import attrs
 from crossbar.config import model as model_
 from crossbar.config.fields import (
     SETTING_PARSERS,
+    parse_aliases,
     parse_count,
     parse_duration,
     parse_flag,
@@ -49,7 +50,7 @@ _RESERVED_ROUTES = frozenset({"_crossbar"})
 _ROUTE_KEYS = {"hosts", "default_model", "policy", "when_all_down", "list_models", "api_keys"}
 _ROUTE_KEYS |= {"affinity_max_load", "home_wait", "queue", "max_waiting", "wait_timeout"}
 _PER_KEY = ("max_waiting_per_key", "max_in_flight_per_key")
-_ROUTE_KEYS |= {"spillover", *_PER_KEY, "models", "min_idle_before_evict"}
+_ROUTE_KEYS |= {"spillover", *_PER_KEY, "models", "min_idle_before_evict", "aliases"}
 _HOLDER_PARSERS: dict[str, Any] = dict.fromkeys(
     ("max_in_flight", "max_waiting", "max_loads_per_minute"), parse_count
 ) | {"models": parse_model_patterns}
@@ -344,6 +345,7 @@ def _route(
         r.convert(f"{key}.spillover", parse_flag, body.get("spillover", False)),
         r.convert(f"{key}.models", parse_model_patterns, body.get("models")),
         r.convert(f"{key}.min_idle_before_evict", parse_idle, body.get("min_idle_before_evict")),
+        r.convert(f"{key}.aliases", parse_aliases, body.get("aliases")),
     )
 
 

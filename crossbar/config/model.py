@@ -141,6 +141,10 @@ class RouteConfig:
     min_idle_before_evict: float = MIN_IDLE_BEFORE_EVICT
     """Seconds a model must have had no request before placement may evict it to load
     another (0: any idle model may go)."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """``(pattern, model)``: a request naming a model no host of the route lists, that
+    matches the glob ``pattern`` (case-sensitive), is for ``model``; the first that
+    matches wins (:func:`crossbar.routing.aliases.real_model`)."""
 
 
 def _resolve(config: Config) -> Mapping[str, HostSettings]:

@@ -102,4 +102,5 @@ def _route(route: RouteConfig) -> dict[str, Any]:
         "spillover": route.spillover,
         "models": list(route.models) or None,  # none: every model
         "min_idle_before_evict": route.min_idle_before_evict,
+        "aliases": dict(route.aliases) or None,  # none: no aliases
     }

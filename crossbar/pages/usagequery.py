@@ -145,7 +145,14 @@ def total(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {name: sum(row[name] for row in rows) for name in COUNTS}
 
 
-def as_json(ask: UsageQuery, rows: Sequence[Mapping[str, Any]], retention: float) -> dict[str, Any]:
+def as_json(
+    ask: UsageQuery,
+    rows: Sequence[Mapping[str, Any]],
+    retention: float,
+    refused: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The JSON answer: the groups asked for, their total, and the requests not served
+    (``refused``: by route, key and why, never in a group's figures)."""
     return {
         "since": rfc3339(ask.since),
         "until": rfc3339(ask.until),
@@ -153,6 +160,7 @@ def as_json(ask: UsageQuery, rows: Sequence[Mapping[str, Any]], retention: float
         "kept_seconds": retention,
         "groups": [{name: row[name] for name in ask.by} | figures(row) for row in rows],
         "total": figures(total(rows)),
+        "refused": [dict(row) for row in refused],
     }
 
 
@@ -198,6 +206,7 @@ async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorT
     asked: Deferred[list[dict[str, Any]]] = ledger.query(ask.since, ask.until, ask.by)
     try:
         rows = await asked.addTimeout(QUERY_SECONDS, clock)
+        refused = [] if ask.format == "csv" else await ledger.refused(ask.since, ask.until)
     except TimeoutError:
         reason = f"the usage store has not answered in {QUERY_SECONDS:g} s; the query was stopped"
         return _json(request, 503, {"error": "usage store busy", "reason": reason})
@@ -210,7 +219,7 @@ async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorT
         request.setHeader(b"content-type", b"text/csv; charset=utf-8")
         request.setHeader(b"cache-control", b"no-store")
         return as_csv(ask, rows).encode()
-    return _json(request, 200, as_json(ask, rows, ledger.retention))
+    return _json(request, 200, as_json(ask, rows, ledger.retention, refused))
 
 
 def _json(request: IRequest, code: int, payload: Mapping[str, Any]) -> bytes:

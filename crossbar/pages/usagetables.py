@@ -46,6 +46,9 @@ class UsageTotals:
 
     keys: Mapping[str, tuple[Tokens, Tokens]]
     routes: Mapping[str, tuple[Tokens, Tokens]]
+    refused: Sequence[Mapping[str, Any]] = ()
+    """Today's requests not served (crossbar's refusals, a host's 4xx), by route, key and
+    why: never in the keys' tokens or requests."""
 
 
 UsageView = UsageTotals | str | None
@@ -60,8 +63,13 @@ def day_and_week(now: float, zone: tzinfo | None = None) -> tuple[float, float]:
     return midnight.timestamp(), monday.timestamp()
 
 
-def totals(today: Sequence[Mapping[str, Any]], week: Sequence[Mapping[str, Any]]) -> UsageTotals:
-    """The store's sums by route and key, folded per key and per route."""
+def totals(
+    today: Sequence[Mapping[str, Any]],
+    week: Sequence[Mapping[str, Any]],
+    refused: Sequence[Mapping[str, Any]] = (),
+) -> UsageTotals:
+    """The store's sums by route and key, folded per key and per route; ``refused``:
+    today's requests not served, as the store lists them."""
     keys: dict[str, list[Tokens]] = {}
     routes: dict[str, list[Tokens]] = {}
     for i, rows in enumerate((today, week)):
@@ -74,6 +82,7 @@ def totals(today: Sequence[Mapping[str, Any]], week: Sequence[Mapping[str, Any]]
     return UsageTotals(
         {name: (p[0], p[1]) for name, p in sorted(keys.items())},
         {name: (p[0], p[1]) for name, p in sorted(routes.items())},
+        tuple(refused),
     )
 
 
@@ -105,14 +114,15 @@ class UsageTables:
         day, week = day_and_week(now, self._zone)
         by = ("route", "key")
         # crossbar's own two reads, once a minute: never refused for the page's queries
-        both = [ledger.query(t, now + 60, by, capped=False) for t in (day, week)]
+        reads = [ledger.query(t, now + 60, by, capped=False) for t in (day, week)]
+        reads.append(ledger.refused(day, now + 60))
         try:
-            today, this_week = await gatherResults(both, consumeErrors=True)
+            today, this_week, refused = await gatherResults(reads, consumeErrors=True)
         except FirstError as e:
             why = str(e.subFailure.value)[:300]
             log.warn("usage store: cannot read it for the status page: {why}", why=why)
         else:
-            self._totals = totals(today, this_week)
+            self._totals = totals(today, this_week, refused)
         finally:
             self._reading = False
 
@@ -131,7 +141,22 @@ def usage_tables(view: UsageView) -> Flattenable:
         tags.p(note, class_="muted"),
         _table("usage-keys", "Key", view.keys),
         _table("usage-routes", "Route", view.routes),
+        _refused(view.refused),
     ]
+
+
+def _refused(rows: Sequence[Mapping[str, Any]]) -> Tag:
+    """Today's requests not served: by route, key and why (``path``, ``limit``, ``host
+    404``...), none of them in the tables above."""
+    names = ("Route", "Key", "Not served, why", "Today")
+    head = tags.thead(tags.tr(*(tags.th(name) for name in names)))
+    lines = [
+        tags.tr(*(tags.td(str(row[field]), **{"data-label": name})
+                  for field, name in zip(("route", "key", "why", "requests"), names, strict=True)))
+        for row in rows
+    ]  # fmt: skip
+    empty = tags.tr(tags.td("none today", class_="muted", colspan="4"))
+    return tags.table(head, tags.tbody(*(lines or [empty])), id="usage-refused")
 
 
 def _table(id_: str, what: str, rows: Mapping[str, tuple[Tokens, Tokens]]) -> Tag:

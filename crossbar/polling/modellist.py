@@ -256,7 +256,25 @@ def merged_listing(
         if model in trained:
             entry["meta"] = {"n_ctx_train": trained[model]}
         data.append(entry)
+    data += alias_entries(route, data, now)
     return {"object": "list", "data": data}
+
+
+def alias_entries(
+    route: RouteConfig, listed: list[dict[str, Any]], now: int
+) -> list[dict[str, Any]]:
+    """An entry for each of the route's aliases, after the models, in the config's order:
+    its pattern as ``id`` (a client that sends it back is served by its target), the target
+    it stands for as ``alias_of``, and the target's own fields (its hosts as ``owned_by``,
+    its status, its window) where a healthy host lists it."""
+    by_id = {entry["id"]: entry for entry in listed}
+    entries = []
+    for pattern, target in route.aliases:
+        own = by_id.get(target, {"owned_by": "", "status": {"value": "unloaded"}})
+        entry = {"id": pattern, "object": "model", "created": now}
+        entry |= {name: value for name, value in own.items() if name not in entry}
+        entries.append(entry | {"alias_of": target})
+    return entries
 
 
 def window_fields(window: int) -> dict[str, int]:

@@ -15,6 +15,8 @@ ended and does nothing. What its record will say is filled in as it goes, in one
 
 from __future__ import annotations
 
+from functools import partial
+
 from twisted.internet import error
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -43,7 +45,7 @@ from crossbar.proxy.refusalbody import RefusalBody
 from crossbar.proxy.relay import StreamBody
 from crossbar.proxy.shapes import not_found
 from crossbar.queueing import Flow, Go, Queued, Refused, Waiter, Waiting
-from crossbar.routing import Ask, no_healthy_host, served_model
+from crossbar.routing import Ask, no_healthy_host, real_model, served_model
 from crossbar.upstream import Call, Response, describe
 
 log = Logger()
@@ -111,6 +113,7 @@ class Exchange(AnswerRelay):
         outcome.route, outcome.path = route, target.rest
         if shape is None:
             raise BadTarget(404, not_found(route.name, target.rest))
+        outcome.generates = shape.uses_slot(request.method)
         if route.list_models == "merged" and target.rest == b"/v1/models":
             listing = merged_listing(route, proxy.table.view, int(outcome.started))
             if listing is None:
@@ -119,10 +122,12 @@ class Exchange(AnswerRelay):
             answer_json(request, 200, listing)
             return False
         places = proxy.traffic.policies.of(route).reads_conversations
-        demand = read_request(request, proxy.config, route, target, shape, places)
+        real = partial(real_model, route, states=proxy.table.view) if route.aliases else None
+        demand = read_request(request, proxy.config, route, target, shape, places, real)
         check_model(route, request, demand)
         demand.model = served_model(route, demand.model, proxy.table.view)  # what its slot is
         self.demand, self._forward_body, outcome.model = demand, demand.body, demand.asked
+        outcome.alias = demand.alias
         self.fit = Fit(proxy, demand, outcome)
         return True
 

@@ -94,3 +94,20 @@ def with_model(body: bytes, model: str) -> bytes:
     field = b'"model":' + json.dumps(model).encode()
     empty = _CLOSING.match(body, brace) is not None
     return b"".join((body[:brace], field, b"" if empty else b",", memoryview(body)[brace:]))
+
+
+def renamed(body: bytes, old: str, new: str) -> bytes:
+    """The body with its top-level ``"model"`` (``old``, :func:`peek_model` read it) set to
+    ``new``, every other byte kept: in place where the key and value are found once as
+    JSON writes them; else (written twice, or escaped) a last ``"model"`` is added, which
+    is the one llama-server reads. Only a request whose name an alias maps is rewritten."""
+    value = json.dumps(new).encode()
+    sent = re.escape(json.dumps(old, ensure_ascii=False).encode())
+    written = re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*' + sent)
+    found = written.finditer(body)
+    first = next(found, None)
+    if first is not None and next(found, None) is None:
+        start, end = first.span()
+        return b"".join((body[:start], b'"model":', value, memoryview(body)[end:]))
+    close = body.rindex(b"}")
+    return b"".join((body[:close], b',"model":', value, memoryview(body)[close:]))

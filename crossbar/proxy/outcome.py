@@ -35,7 +35,11 @@ class Outcome:
     path: bytes = b"-"
     """The route's part of the path once a route is known, else the path as asked."""
     model: str | None = None
-    """The model its body asked for (the route's default filled in)."""
+    """The model its body asked for (the route's default filled in, an alias mapped)."""
+    alias: str | None = None
+    """The name the client sent, when a route's alias mapped it to ``model``."""
+    generates: bool = True
+    """It takes a slot of its host (:meth:`crossbar.proxy.shapes.Shape.uses_slot`)."""
     host: str | None = None
     """The last host tried."""
     tried: list[str] = attrs.Factory(list)
@@ -88,6 +92,8 @@ class Outcome:
             first_byte=self.first_byte,
             sent=sent,
             model=self.model,
+            asked_model=self.alias,
+            generates=self.generates,
             affinity=None if placed is None else placed.outcome,
             method=request.method,
             path=self.path,

@@ -204,7 +204,8 @@ SHAPES: Mapping[bytes, Shape] = {
 ``/v1/models/{id}`` (:func:`shape_of`). llama-server's ``/slots``, ``/lora-adapters``
 and ``/metrics`` change or show a host's state, not a model's answer: not forwarded."""
 
-_MODEL_PREFIX = b"/v1/models/"
+_MODEL_PREFIX = MODEL_ENTRY_PATH = b"/v1/models/"
+"""The path of ``GET /v1/models/{id}`` up to the id."""
 
 
 def shape_of(rest: bytes) -> Shape | None:
@@ -227,10 +228,17 @@ def model_in_path(rest: bytes) -> str | None:
         return None
 
 
-def read_body(shape: Shape, body: bytes, model: str | None, conversations: bool) -> BodyFacts:
+def read_body(
+    shape: Shape,
+    body: bytes,
+    model: str | None,
+    conversations: bool,
+    real: Callable[[str], str] | None = None,
+) -> BodyFacts:
     """What ``body`` says, decoded once; its conversation only when ``conversations``
     (the route's policy places by it) and the shape has one. ``model`` is the route's
-    default, for a body that names none (the key is the model the request is for)."""
+    default, for a body that names none (the key is the model the request is for, as
+    ``real`` maps the name the body gives: a route's aliases)."""
     if not shape.names_model or not body:
         return NO_FACTS
     wanted = conversations and shape.decoder is not None
@@ -243,7 +251,8 @@ def read_body(shape: Shape, body: bytes, model: str | None, conversations: bool)
     stream = top.stream is not msgspec.UNSET and bytes(top.stream) == b"true"
     conversation = None
     if wanted and shape.conversation is not None:
-        conversation = shape.conversation(peek.model or model, top)
+        named = peek.model if real is None or peek.model is None else real(peek.model)
+        conversation = shape.conversation(named or model, top)
     return BodyFacts(peek, stream, conversation, _reply_limit(top))
 
 

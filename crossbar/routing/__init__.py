@@ -3,6 +3,7 @@
 model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 
 from crossbar.routing.affinity import Placement
+from crossbar.routing.aliases import real_model
 from crossbar.routing.allowance import LoadBudget, allows, refused_model
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
 from crossbar.routing.groups import best_group, no_healthy_host, routes_down, served_model
@@ -47,6 +48,7 @@ __all__ = [
     "largest_window",
     "no_healthy_host",
     "places_conversations",
+    "real_model",
     "refused_model",
     "rendezvous",
     "routes_down",

@@ -26,6 +26,9 @@ def access_line(record: RequestRecord) -> str:
 def _usage(record: RequestRecord) -> str:
     """The usage fields of a line, each `` name=value``; rounded as the JSON log rounds."""
     text = "" if record.key is None else f" key={record.key}"
+    if record.asked_model is not None:  # an alias: the name sent, and the model served
+        asked = printable(record.asked_model.encode(), ALIAS_CHARS)
+        text += f" model={asked}->{printable((record.model or '-').encode(), ALIAS_CHARS)}"
     if record.prompt_tokens is not None:
         text += f" prompt_tokens={record.prompt_tokens}"
     if record.cached_tokens is not None:
@@ -39,6 +42,8 @@ def _usage(record: RequestRecord) -> str:
     return text
 
 
+ALIAS_CHARS = 100
+"""Characters of a model's name on a line: a name an alias matched is the client's text."""
 _VISIBLE = re.compile(rb"[\x21-\x7e]*")
 
 

@@ -84,6 +84,12 @@ class RequestRecord:
     (``~9000 tokens: too long for gpu-a``), a host's refusal and the move to another
     (``moved: 9120 tokens > gpu-a's window 8192``), or crossbar's own refusal when no host
     fits (``too long for every host: ...``)."""
+    generates: bool = True
+    """A request that takes a slot of its host (a POST to a path that generates): only
+    such a one is a served request of its key; listing models, tokenizing are not."""
+    asked_model: str | None = None
+    """The name the client sent, when one of the route's aliases mapped it to ``model``
+    (it matched a pattern the admin wrote); ``None`` otherwise."""
 
     def notes(self) -> Sequence[str]:
         """What went unusually, in words: ``client left``, ``tried gpu-a, gpu-b``..."""

@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from crossbar.stats import RequestRecord
 from crossbar.usage.queries import Rows, UsageQueries
 from crossbar.usage.store import UsageStore
-from crossbar.usage.sums import MinuteSums, Place, Sums
+from crossbar.usage.sums import MinuteSums, Place, Refusal, Sums
 from crossbar.usage.thread import Runner
 
 FLUSH_SECONDS = 5.0
@@ -101,7 +101,7 @@ class UsageLedger(Service):
     def _not_opened(self, failure: Failure) -> None:
         self._opening = None
         self.off = f"cannot use {self.store.path}: {_reason(failure)}"
-        self.sums.take()
+        self.sums.take(), self.sums.take_refused()
         log.error("usage store off, crossbar serves without it: {why}", why=self.off)
 
     def stopService(self) -> Deferred[None]:
@@ -153,11 +153,11 @@ class UsageLedger(Service):
             if now - self._write_began >= STUCK_SECONDS:
                 self._trouble(None, "write")
             return self._writing
-        if self.off is not None or not self.sums:
+        if self.off is not None or not (self.sums or self.sums.refused):
             return succeed(None)
-        batch = self.sums.take()
-        writing = self._thread.run(self.store.add, batch)
-        writing.addCallbacks(self._worked, self._not_written, ("write",), {}, (batch,))
+        batch, refused = self.sums.take(), self.sums.take_refused()
+        writing = self._thread.run(self.store.add, batch, refused)
+        writing.addCallbacks(self._worked, self._not_written, ("write",), {}, (batch, refused))
         self._writing, self._write_began = writing, now
 
         def done(_: None) -> None:
@@ -165,8 +165,10 @@ class UsageLedger(Service):
 
         return writing.addCallback(done)
 
-    def _not_written(self, failure: Failure, batch: dict[Place, Sums]) -> None:
-        self.sums.put_back(batch)
+    def _not_written(
+        self, failure: Failure, batch: dict[Place, Sums], refused: dict[Refusal, int]
+    ) -> None:
+        self.sums.put_back(batch, refused)
         self._trouble(failure, "write")
 
     def prune(self) -> Deferred[None]:
@@ -212,6 +214,10 @@ class UsageLedger(Service):
         a failure with ``QueriesBusy`` when too many ``capped`` ones run; cancelled, the
         query stops)."""
         return self.queries.query(since, until, by, capped=capped)
+
+    def refused(self, since: float, until: float) -> Deferred[Rows]:
+        """The requests not served over ``[since, until)``, by route, key and why."""
+        return self.queries.refused(since, until)
 
 
 def _reason(failure: Failure) -> str:

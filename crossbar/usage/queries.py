@@ -83,6 +83,16 @@ class UsageQueries:
         running.addBoth(ended)
         return answer
 
+    def refused(self, since: float, until: float) -> Deferred[Rows]:
+        """The requests not served over ``[since, until)``, by route, key and why: a few
+        rows a minute at most, read on the same thread, never refused as busy."""
+        return self._thread.run(self._read_refused, since, until)
+
+    def _read_refused(self, since: float, until: float) -> Rows:
+        if not self.store.opened:
+            self.store.open()
+        return self.store.refused(since, until)
+
     def _read(self, since: float, until: float, by: tuple[str, ...], stop: _Stop) -> Rows:
         """On the thread: open the reading connection the first time, then query."""
         if not self.store.opened:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from crossbar.usage.sums import COUNTS, Place, Sums
+from crossbar.usage.sums import COUNTS, Place, Refusal, Sums
 
 BUSY_SECONDS = 10.0
 """How long a write waits for another process's to end before it fails (and is tried
@@ -47,6 +47,22 @@ CREATE TABLE IF NOT EXISTS usage_minutes (
     PRIMARY KEY (minute, route, host, model, key)
 ) WITHOUT ROWID
 """  # fmt: skip
+REFUSED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS refused_minutes (
+    minute INTEGER NOT NULL,
+    route TEXT NOT NULL,
+    key TEXT NOT NULL,
+    why TEXT NOT NULL,
+    requests INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (minute, route, key, why)
+) WITHOUT ROWID
+"""
+"""Requests not served (:func:`crossbar.usage.sums.refused_as`), apart from the usage:
+made in a file of an earlier crossbar when it opens."""
+_INSERT_REFUSED = (
+    "INSERT INTO refused_minutes (minute, route, key, why, requests) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (minute, route, key, why) DO UPDATE SET requests = requests + excluded.requests"
+)
 PROGRESS_STEPS = 10_000
 """SQLite virtual machine steps between two checks of whether a query is to stop (a few
 milliseconds of work)."""
@@ -107,6 +123,7 @@ class UsageStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut may lose the last batch
             db.execute(SCHEMA)
+            db.execute(REFUSED_SCHEMA)
             with _transaction(db):  # takes the write lock: fails on a read-only file
                 _add_missing(db)
         except BaseException:
@@ -125,17 +142,30 @@ class UsageStore:
             raise sqlite3.ProgrammingError("the usage store is not open")
         return self._db
 
-    def add(self, rows: Mapping[Place, Sums]) -> None:
-        """Add a batch of rows to those kept, in one transaction: all or none."""
+    def add(self, rows: Mapping[Place, Sums], refused: Mapping[Refusal, int] = {}) -> None:
+        """Add a batch of rows, and of counts of requests not served, to those kept, in
+        one transaction: all or none."""
         db = self._connection
         with _transaction(db):
             db.executemany(_INSERT, [(*place, *sums) for place, sums in rows.items()])
+            db.executemany(_INSERT_REFUSED, [(*place, n) for place, n in refused.items()])
 
     def prune(self, before: float) -> int:
         """Forget the minutes that began before ``before``; how many rows went."""
         db = self._connection
         with _transaction(db):
+            db.execute("DELETE FROM refused_minutes WHERE minute < ?", (before,))
             return db.execute("DELETE FROM usage_minutes WHERE minute < ?", (before,)).rowcount
+
+    def refused(self, since: float, until: float) -> list[dict[str, Any]]:
+        """The requests not served in the minutes that began in ``[since, until)``, one
+        dict a route, key and why (``requests``), ordered by them."""
+        sql = (
+            "SELECT route, key, why, SUM(requests) FROM refused_minutes"
+            " WHERE minute >= ? AND minute < ? GROUP BY route, key, why ORDER BY route, key, why"
+        )
+        rows = self._connection.execute(sql, (since, until))
+        return [dict(zip(("route", "key", "why", "requests"), row, strict=True)) for row in rows]
 
     def query(
         self,

@@ -49,13 +49,21 @@ REFUSED_AS = {400: "bad request", 401: "key", 403: "key", 404: "path", 405: "met
 
 
 def refused_as(record: RequestRecord) -> str | None:
-    """Why crossbar answered ``record`` itself, no host having answered it, or ``None``
-    for a request a host served (well or not)."""
+    """Why ``record`` was not served: crossbar answered it itself (``path``, ``limit``...),
+    or its host refused it (``host 404``: a 4xx, such as a model it does not have); ``None``
+    for a request a host served (well or not: a 5xx is an error of a served request)."""
+    status = record.status
     if record.refused:
-        return REFUSED_AS.get(record.status, "other")
-    if record.host is not None or record.status < 400 or record.status == 499:
+        return REFUSED_AS.get(status, "other")
+    if record.host is not None:
+        return f"host {status}" if 400 <= status < 500 and status != 499 else None
+    if status < 400 or status == 499:
         return None
-    return record.shed or REFUSED_AS.get(record.status, "other")
+    return record.shed or REFUSED_AS.get(status, "other")
+
+
+Refusal = tuple[int, str, str, str]
+"""``(minute, route, key, why)``: a minute of requests not served, by :func:`refused_as`."""
 
 
 class MinuteSums:
@@ -73,23 +81,29 @@ class MinuteSums:
         self.dropped = 0
         """Requests left out since the rows were last full: what a stuck store cost."""
         self._knows = knows
-        self.refused: dict[tuple[str, str, str], int] = {}
-        """Requests crossbar answered itself, by ``(route, key, why)`` (:func:`refused_as`):
-        never counted as a key's requests or tokens."""
+        self.refused: dict[Refusal, int] = {}
+        """Requests not served, by minute, route, key and why (:func:`refused_as`): never
+        counted as a key's requests or tokens."""
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def add(self, record: RequestRecord, now: float) -> None:
         """One request that ended at ``now``. Without keys, usage goes to the route. One
-        crossbar answered itself (an unknown route or path, no healthy host, a limit) is
-        counted apart in :attr:`refused`, by why; one refused at the door (401, 413...)
-        used nothing and is not counted at all: a stranger's requests do not fill memory."""
+        crossbar answered itself (an unknown route or path, no healthy host, a limit), or
+        its host refused (a 4xx), is counted apart in :attr:`refused`, by why; one refused
+        at the door (401, 413...) used nothing and is not counted at all: a stranger's
+        requests do not fill memory. One that generates nothing (``GET /v1/models``,
+        tokenize: :attr:`RequestRecord.generates`) is no served request either."""
         why = refused_as(record)
         if why is not None:
             if not record.refused:  # one refused at the door: a stranger's, not summed
-                place_of = (record.route, record.key or record.route, why)
-                self.refused[place_of] = self.refused.get(place_of, 0) + 1
+                minute = int(now // 60) * 60
+                place_of = (minute, record.route, record.key or record.route, why)
+                if place_of in self.refused or len(self.refused) < self.most:
+                    self.refused[place_of] = self.refused.get(place_of, 0) + 1
+            return
+        if not record.generates:
             return
         model = record.model
         if model is None:
@@ -129,9 +143,17 @@ class MinuteSums:
         rows, self.rows = self.rows, {}
         return rows
 
-    def put_back(self, rows: Mapping[Place, Sums]) -> None:
+    def take_refused(self) -> dict[Refusal, int]:
+        """Every count of requests not served, to be written; none are left."""
+        refused, self.refused = self.refused, {}
+        return refused
+
+    def put_back(self, rows: Mapping[Place, Sums], refused: Mapping[Refusal, int] = {}) -> None:
         """Rows that could not be written, added to those since, as far as room allows;
         the requests of rows left out are counted in :attr:`dropped`."""
+        for place_of, count in refused.items():
+            if place_of in self.refused or len(self.refused) < self.most:
+                self.refused[place_of] = self.refused.get(place_of, 0) + count
         mine = self.rows
         for place, sums in rows.items():
             have = mine.get(place)

@@ -41,18 +41,18 @@ RUN_TIMEOUT = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def claude_settings(base_url: str, key: str, model: str = MODEL) -> dict[str, str]:
+def claude_settings(base_url: str, key: str, model: str | None = None) -> dict[str, str]:
     """Claude Code's environment for a route (docs/clients.md): its base URL (without
-    ``/v1``: Claude Code adds ``/v1/messages``), a key, and the route's model for every
-    request, its side requests (the "haiku" ones) too."""
+    ``/v1``: Claude Code adds ``/v1/messages``) and a key; with ``model``, that model for
+    every request, its side requests (the "haiku" ones) too (without: its own Claude names,
+    which the route's ``aliases`` map)."""
+    names = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL")
+    names += ("ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
+    models = {} if model is None else dict.fromkeys(names, model)
     return {
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_AUTH_TOKEN": key,
-        "ANTHROPIC_MODEL": model,
-        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
-        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-        "CLAUDE_CODE_SUBAGENT_MODEL": model,
+        **models,
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
         "DISABLE_AUTOUPDATER": "1",
@@ -191,12 +191,13 @@ def claude(
     key: str = "unused",
     retries: int | None = None,
     *,
-    model: str = MODEL,
+    model: str | None = MODEL,
     extra: Mapping[str, str] | None = None,
     timeout: float = RUN_TIMEOUT,
 ) -> Run:
     """``claude -p "say hi"`` against ``base_url`` (``retries``: Claude Code's own, else
-    its default of 10; ``extra``: more of its environment)."""
+    its default of 10; ``model``: every request's, ``None``: Claude Code's own names;
+    ``extra``: more of its environment)."""
     project = home / "project"
     project.mkdir(parents=True, exist_ok=True)
     env = {**sandbox_env(home / "home"), **claude_settings(base_url, key, model), **(extra or {})}

@@ -83,11 +83,14 @@ def logged(daemon: Daemon, pattern: str) -> int:
 def test_claude_code_answers_through_crossbar(
     claude_bin: Path, demo: Daemon, tmp_path: Path
 ) -> None:
-    run = claude(claude_bin, tmp_path, f"{demo.url}/opencode")
+    """As docs/clients.md says, with no model named: the demo route's aliases map Claude
+    Code's own names to its model, which the host is asked for."""
+    run = claude(claude_bin, tmp_path, f"{demo.url}/opencode", model=None)
     report = f"{run.report()}\ncrossbar:\n{demo.log()}"
     assert run.code == 0, report
     assert simulated_answer(run.out), f"no simulated answer printed\n{report}"
-    assert logged(demo, r"opencode gpu-a POST /v1/messages 200 \d+ms") >= 1, report
+    served = r"opencode gpu-[ab] POST /v1/messages 200 \d+ms model=claude-[\w.-]+->qwen3-coder-30b"
+    assert logged(demo, served) >= 1, report
     assert "Traceback" not in demo.output(), report
 
 

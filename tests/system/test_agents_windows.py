@@ -111,7 +111,7 @@ def words(count: int) -> str:
 
 def claude_again(binary: Path, home: Path, base_url: str, prompt: str) -> Run:
     """``claude -p --continue PROMPT``: the next turn of the session :func:`claude` began."""
-    env = {**sandbox_env(home / "home"), **claude_settings(base_url, "unused")}
+    env = {**sandbox_env(home / "home"), **claude_settings(base_url, "unused", MODEL)}
     env["CLAUDE_CODE_MAX_RETRIES"] = "0"
     return run_agent([str(binary), "-p", "--continue", prompt], home / "project", env)
 

@@ -51,6 +51,7 @@ def test_a_twistd_log_file_gets_one_json_object_per_line(tmp_path: Path) -> None
         "route": "lab",
         "host": None,
         "model": "(other)",  # no host lists it (the only one is down): as in the metrics
+        "asked_model": None,  # no alias mapped it
         "method": "POST",
         "path": "/v1/chat/completions",
         "status": 503,

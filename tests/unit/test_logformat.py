@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import attrs
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -321,7 +322,7 @@ def test_a_json_line_is_what_the_json_module_writes_and_ascii(
     text ``json.dumps`` writes (control characters and DEL escaped)."""
     access = RequestRecord(
         "lab", "gpu-a", 200, 0.5, None, sent or 0, model, method=b"POST",
-        path=b"/lab/v1/chat/completions",
+        path=b"/lab/v1/chat/completions", asked_model=model or None,
     )  # fmt: skip
     for event in (
         {"access": access, "access_model": model, "log_level": LogLevel.info, "log_time": 1.0},
@@ -347,3 +348,16 @@ def test_a_refusal_s_json_line_says_why() -> None:
     log.info("{request}", request="the text line", access=access)
     line = json.loads(out.getvalue())
     assert (line["status"], line["note"]) == (401, "unauthorized: key not known")
+
+
+def test_a_json_line_names_the_model_served_and_the_alias_sent() -> None:
+    access = RequestRecord("lab", "gpu-a", 200, 0.5, model="qwen", asked_model="claude-x")
+    plain = attrs.evolve(access, asked_model=None)
+    lines = [
+        json.loads(json_line({"access": record, "access_model": "qwen", "log_time": 1.0}) or "")
+        for record in (access, plain)
+    ]
+    assert [(line["model"], line["asked_model"]) for line in lines] == [
+        ("qwen", "claude-x"),
+        ("qwen", None),
+    ]

@@ -165,8 +165,9 @@ def test_routes_added_and_removed_are_named() -> None:
         {"hosts": ["gpu-a", "gpu-b"], "default_model": "gpt-oss"},
         {"hosts": ["gpu-a", "gpu-b"], "default_model": "qwen3", "api_keys": ["sk-route-2"]},
         {"hosts": ["gpu-a"], "default_model": "qwen3"},
+        {"hosts": ["gpu-a", "gpu-b"], "default_model": "qwen3", "aliases": {"claude-*": "q"}},
     ],
-    ids=["hosts order", "policy", "default_model", "api_keys", "fewer hosts"],
+    ids=["hosts order", "policy", "default_model", "api_keys", "fewer hosts", "aliases"],
 )
 def test_a_route_changed_is_named(route: dict[str, Any]) -> None:
     changes = changed(document(), document(routes={"lab": route}))

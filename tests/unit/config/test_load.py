@@ -717,3 +717,25 @@ def test_an_allowlist_or_budget_that_is_wrong_stops_start_up_in_one_line(
     tmp_path: Path, lines: str, problem: str
 ) -> None:
     assert error_of(tmp_path, MINIMAL + lines).startswith(problem)
+
+
+def test_aliases_keep_the_order_they_are_written_in(tmp_path: Path) -> None:
+    text = MINIMAL + '    aliases: {"claude-haiku-*": small, "claude-*": big, gpt-5*: big}\n'
+    route = load_config(write(tmp_path, text)).routes
+    [lab] = route.values()
+    assert lab.aliases == (("claude-haiku-*", "small"), ("claude-*", "big"), ("gpt-5*", "big"))
+
+
+@pytest.mark.parametrize(
+    ("aliases", "problem"),
+    [
+        ("[claude-*]", "must be a mapping of name patterns to models"),
+        ("{claude-*: 3}", "claude-*: must be the model it stands for, a string, not 3"),
+        ("{claude-*: qwen-*}", "claude-*: must be one model's id, not a pattern"),
+        ('{"": qwen}', "pattern '': must be a model name or a glob pattern"),
+    ],
+)
+def test_a_bad_alias_is_one_line_naming_the_key(tmp_path: Path, aliases: str, problem: str) -> None:
+    message = error_of(tmp_path, MINIMAL + f"    aliases: {aliases}\n")
+    assert message.startswith("routes.")
+    assert ".aliases: " + problem in message

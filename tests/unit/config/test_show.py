@@ -42,6 +42,7 @@ routes:
     policy: cache_affinity
     affinity_max_load: 2
     list_models: merged
+    aliases: {"claude-haiku-*": qwen3-4b, "claude-*": qwen3-coder-30b}
   open:
     hosts: [gpu-b]
     when_all_down: try_all
@@ -75,6 +76,7 @@ def test_what_is_shown_loads_again_to_the_same_config(full: Path) -> None:
     again.write_text(shown)
     assert attrs.evolve(load_config(again), source=config.source) == config
     assert load_config(again).routes["coder"].api_keys[1].value == b"lab-secret-3"
+    assert load_config(again).routes["coder"].aliases[0] == ("claude-haiku-*", "qwen3-4b")
 
 
 def test_no_key_is_shown_only_where_it_came_from(full: Path) -> None:
@@ -140,5 +142,6 @@ def test_every_default_is_filled_in(tmp_path: Path) -> None:
         "spillover": False,
         "models": None,
         "min_idle_before_evict": 30.0,
+        "aliases": None,
     }
     assert set(data["routes"]["r"]) == _ROUTE_KEYS - {"affinity_max_load", "home_wait"}  # c_a only

@@ -287,3 +287,33 @@ def test_a_store_that_does_not_answer_is_a_503_in_time() -> None:
         "error": "usage store busy",
         "reason": "the usage store has not answered in 10 s; the query was stopped",
     }
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_not_served_never_count_as_the_key_s_and_are_listed_by_why(
+    tmp_path: Path,
+) -> None:
+    """A wrong path, a model no host has, a GET of /v1/models: the key's served count
+    stays 0; the first two are listed apart as refused, by why."""
+    async with rigs() as make:
+        rig = await make(
+            {"gpu-a": SimulatedHost({"tiny-a": "loaded"})}, adjust=keyed(tmp_path / "u")
+        )
+        assert rig.crossbar.usage is not None
+        headers = {"Authorization": ["Bearer alice-key"]}
+        for path, body in (("/lab/chat/completions", CHAT), ("/lab/v1/chat/completions",
+                           {**CHAT, "model": "no-such-model"})):  # fmt: skip
+            answer = await guard(rig.client.post(rig.base + path, json=body, headers=headers), 10)
+            await answer.content()
+            assert 400 <= answer.code < 500, path
+        listing = await guard(rig.client.get(rig.base + "/lab/v1/models", headers=headers), 10)
+        await listing.content()
+        assert listing.code == 200
+        await rig.crossbar.usage.flush()
+        code, body = await usage(rig, "?by=key")
+        doc = json.loads(body)
+        assert code == 200 and doc["groups"] == [] and doc["total"]["requests"] == 0
+        whys = {row["why"]: row["requests"] for row in doc["refused"]}
+        assert whys.pop("path") == 1
+        assert [(why[:5], n) for why, n in whys.items()] == [("host ", 1)]
+        assert {row["key"] for row in doc["refused"]} == {"alice"}

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.web.template import flattenString
 
@@ -82,6 +82,9 @@ class FakeLedger:
         self.asked.append((since, until, by, d))
         return d
 
+    def refused(self, since: float, until: float) -> Deferred[Any]:
+        return succeed([{"route": "lab", "key": "alice", "why": "path", "requests": 2}])
+
 
 def test_the_page_shows_the_last_totals_and_reads_again_at_most_every_few_seconds() -> None:
     clock, ledger = Clock(), FakeLedger()
@@ -97,6 +100,9 @@ def test_the_page_shows_the_last_totals_and_reads_again_at_most_every_few_second
     shown = panel.current()
     assert not isinstance(shown, str) and shown is not None
     assert shown.keys["alice"] == (Tokens(1, 10, 5, 2), Tokens(4, 40, 20, 8))
+    assert shown.refused == ({"route": "lab", "key": "alice", "why": "path", "requests": 2},)
+    page = html(shown)
+    assert 'id="usage-refused"' in page and ">path</td>" in page
     clock.advance(REFRESH_SECONDS - 1)
     assert panel.current() is shown and len(ledger.asked) == 2
     clock.advance(1)

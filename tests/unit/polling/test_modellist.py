@@ -408,3 +408,26 @@ def test_merged_listing_tells_the_largest_slot_window_in_the_fields_clients_read
     assert m1["context_length"] == m1["max_input_tokens"] == m1["context_window"] == 8192
     assert m1["max_model_len"] == 8192 and m1["meta"] == {"n_ctx_train": 32768}
     assert "context_length" not in m2 and "meta" not in m2  # unknown: nothing said
+
+
+def test_merged_listing_lists_each_alias_after_the_models_with_what_it_stands_for() -> None:
+    aliased = RouteConfig(
+        "lab",
+        ("gpu-a",),
+        None,
+        list_models="merged",
+        aliases=(("claude-*", "m1"), ("gpt-5*", "zz")),
+    )
+    listing = merged_listing(aliased, {"gpu-a": _state("gpu-a", ("m1",), ("m1",))}, 7)
+    assert listing is not None
+    assert [entry["id"] for entry in listing["data"]] == ["m1", "claude-*", "gpt-5*"]
+    claude, gpt = listing["data"][1:]
+    assert claude == {
+        "id": "claude-*",
+        "object": "model",
+        "created": 7,
+        "owned_by": "gpu-a",
+        "status": {"value": "loaded"},
+        "alias_of": "m1",
+    }
+    assert (gpt["alias_of"], gpt["owned_by"], gpt["status"]) == ("zz", "", {"value": "unloaded"})

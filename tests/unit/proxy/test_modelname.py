@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crossbar.proxy.modelname import peek_model, with_model
+from crossbar.proxy.modelname import peek_model, renamed, with_model
 
 BOM = b"\xef\xbb\xbf"
 MiB = 1024 * 1024
@@ -223,3 +223,16 @@ def test_with_model_adds_the_model_and_keeps_the_object(body: bytes, model: str)
     assert doc == {**json.loads(body), "model": model}
     assert next(iter(doc)) == "model"
     assert seen(out) == ((model or None), False)
+
+
+def test_an_alias_s_model_is_rewritten_in_place_keeping_every_other_byte() -> None:
+    body = b'{"model" : "claude-x", "messages": [1]}'
+    assert renamed(body, "claude-x", "qwen") == b'{"model":"qwen", "messages": [1]}'
+    assert peek_model(renamed(body, "claude-x", "qwen")).model == "qwen"
+
+
+def test_a_model_written_twice_or_escaped_gets_a_last_key_the_host_reads() -> None:
+    nested = b'{"model":"c","meta":{"model":"c"}}\n'
+    assert renamed(nested, "c", "q") == b'{"model":"c","meta":{"model":"c"},"model":"q"}\n'
+    escaped = b'{"model":"c\\u002dx"}'
+    assert peek_model(renamed(escaped, "c-x", "q")).model == "q"

@@ -41,6 +41,8 @@ def test_a_record_is_frozen_and_compared_by_value() -> None:
         "loads": 0,
         "reason": None,
         "size_note": None,
+        "generates": True,
+        "asked_model": None,
     }
 
 

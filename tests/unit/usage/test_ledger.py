@@ -67,10 +67,10 @@ class Failing(UsageStore):
 
     failing = True
 
-    def add(self, rows: Any) -> None:
+    def add(self, rows: Any, refused: Any = None) -> None:
         if self.failing:
             raise sqlite3.OperationalError("disk I/O error")
-        super().add(rows)
+        super().add(rows, refused or {})
 
 
 def started(store: UsageStore, most: int = 20_000) -> tuple[UsageLedger, Clock, Inline]:

@@ -164,3 +164,29 @@ def test_a_file_made_before_loads_were_kept_opens_and_counts_them_from_then(
     assert reader.query(0, 60, [])[0]["prompt_tokens"] == 130
     for each in (store, again, reader):
         each.close()
+
+
+def test_requests_not_served_are_kept_by_why_across_a_restart_and_an_old_file_gains_them(
+    tmp_path: Path,
+) -> None:
+    """A file an earlier crossbar made has no table of requests not served: it gets one
+    when it opens; what is written there is kept across a restart, and pruned."""
+    path = tmp_path / "u.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute(OLD_SCHEMA)
+    old.commit()
+    old.close()
+    store = opened(path)
+    refused = {(0, "lab", "alice", "path"): 2, (60, "lab", "alice", "limit"): 1}
+    store.add({}, refused)
+    store.add({}, {(60, "lab", "alice", "path"): 1})
+    store.close()
+    again = opened(path)
+    assert again.refused(0, 120) == [
+        {"route": "lab", "key": "alice", "why": "limit", "requests": 1},
+        {"route": "lab", "key": "alice", "why": "path", "requests": 3},
+    ]
+    assert again.query(0, 120, []) == []  # never a served request
+    again.prune(60)
+    assert [row["requests"] for row in again.refused(0, 120)] == [1, 1]
+    again.close()

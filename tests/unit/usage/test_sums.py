@@ -111,16 +111,25 @@ def test_what_crossbar_answered_itself_is_counted_apart_by_why_never_as_served()
     sums.add(RequestRecord("-", None, 404, 0.0), 0)  # an unknown route
     assert not sums.rows
     assert sums.refused == {
-        ("lab", "alice", "path"): 1,
-        ("lab", "alice", "no host"): 1,
-        ("lab", "alice", "limit"): 1,
-        ("lab", "alice", "timeout"): 1,
-        ("-", "-", "path"): 1,
+        (0, "lab", "alice", "path"): 1,
+        (0, "lab", "alice", "no host"): 1,
+        (0, "lab", "alice", "limit"): 1,
+        (0, "lab", "alice", "timeout"): 1,
+        (0, "-", "-", "path"): 1,
     }
 
 
-def test_a_host_s_answer_is_served_whatever_its_status() -> None:
-    assert refused_as(used(status=404)) is None  # the host's own 404 (a model it lacks)
+def test_a_host_s_4xx_is_no_served_request_and_a_read_that_generates_nothing_is_none() -> None:
+    """A model the host does not have (its 404), a GET of /v1/models: the key used nothing."""
+    sums = MinuteSums()
+    sums.add(used(status=404), 0)
+    sums.add(used(status=200, generates=False), 0)
+    assert not sums.rows
+    assert sums.refused == {(0, "lab", "alice", "host 404"): 1}
+
+
+def test_a_host_s_answer_is_served_whatever_its_5xx_status() -> None:
+    assert refused_as(used(status=404)) == "host 404"  # the host's own 404 (a model it lacks)
     assert refused_as(used(status=502)) is None
     assert refused_as(used(host=None, status=499)) is None  # left while waiting
     assert refused_as(RequestRecord("lab", None, 401, 0.0, refused=True)) == "key"
