@@ -8,12 +8,12 @@ it.  Its arguments are streamed a few letters a token, as a model writes them, a
 cut short by a token limit: a call is complete or it is not a call.
 
 So that an agent can be tried end to end, a request that offers a tool that writes a file or
-runs a command, and whose last user text names a file (``hello.py``) or asks to "create a
-file", is answered with a call that writes it: a write tool (``file_path``/``filePath`` and
-``content``) gets the file's path (absolute, in the working directory the agent's prompt
-names) and a line of content; a command tool (``command``/``cmd``) a shell command that
-writes it.  Once the tool's result is the last message, the turn ends in a few words
-("Created hello.py.").  Any other request is answered as before.
+runs a command, and whose last user text asks to create (write, make, add...) a file it names
+(``hello.py``) or "a file", is answered with a call that writes it: a write tool
+(``file_path``/``filePath`` and ``content``) gets the file's path (absolute, in the working
+directory the agent's prompt names) and a line of content; a command tool (``command``/``cmd``)
+a shell command that writes it.  Once the tool's result is the last message, the turn ends in
+a few words ("Created hello.py.").  Any other request is answered as before.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ _TAGGED = re.compile(r"<([\w-]+)>.*?</\1>", re.S)  # system reminders, environme
 _FILE = re.compile(
     r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w-]+\.(?:py|txt|md|js|ts|sh|json|html|css|c|rs|go|toml|yaml))\b"
 )
-_CREATE = re.compile(r"\b(?:create|write|make)\b.*\bfile\b", re.I | re.S)
+_CREATE = re.compile(r"\b(?:create|write|make|add|generate|save)\b", re.I)
+_A_FILE = re.compile(r"\bfile\b", re.I)
 _CWD = re.compile(r"(?:<cwd>|[Ww]orking directory: )([^<\s]+)")
 _LINES = {".py": 'print("hello")', ".js": 'console.log("hello");', ".sh": "echo hello"}
 _PATHS = ("file_path", "filePath", "path")
@@ -135,17 +136,20 @@ def _text(content: object) -> str:
 
 
 def _asked(messages: Sequence[object]) -> str | None:
-    """The file the last user text asks for (its tagged blocks left out), if it asks for one."""
+    """The file the last user text asks to create (its tagged blocks left out): the one it
+    names, or ``hello.txt`` for "a file"; ``None`` when it asks for none."""
     for message in reversed(messages):
         if not isinstance(message, Mapping) or message.get("role") != "user":
             continue
         said = _TAGGED.sub("", _text(message.get("content"))).strip()
         if not said:
             continue
+        if not _CREATE.search(said):
+            return None  # "fix parser.py" asks for no new file
         named = _FILE.search(said)
         if named:
             return named.group(1)
-        return "hello.txt" if _CREATE.search(said) else None
+        return "hello.txt" if _A_FILE.search(said) else None
     return None
 
 

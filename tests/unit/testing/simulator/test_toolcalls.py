@@ -150,6 +150,8 @@ def test_after_the_tools_result_the_turn_ends_in_words() -> None:
 
 def test_without_a_file_asked_or_a_tool_to_write_it_nothing_is_called() -> None:
     assert file_call([WRITE], [{"role": "user", "content": "say hi"}]) is None
+    assert file_call([WRITE], [{"role": "user", "content": "fix the test in parser.py"}]) is None
+    assert file_call([WRITE], [{"role": "user", "content": "write a poem"}]) is None
     assert file_call([WRITE], ASKED[:2]) is None  # named only in a system reminder
     assert file_call([], ASKED) is None
     assert file_call([READ_ONLY, EDIT], ASKED) is None
