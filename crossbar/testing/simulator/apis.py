@@ -134,8 +134,9 @@ class _OpenAI(Written):
             return
         for n, piece in enumerate(self.pieces()):
             call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
-            if n == 0:  # the first token names the call
-                call = {"index": 0} | self._call(piece)
+            if n == 0:  # the first token names the call, in llama-server's order
+                named = {"name": self.tool.name, "arguments": piece}
+                call = {"index": 0, "id": self.tool.id, "type": "function", "function": named}
             yield {"tool_calls": [call]}
 
     def events(self) -> Iterator[tuple[bool, bytes]]:
