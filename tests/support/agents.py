@@ -34,6 +34,13 @@ CODEX_VERSION = "0.169.0"
 MODEL = "qwen3-coder-30b"
 """The demo's default model of route ``opencode``, loaded on gpu-a."""
 
+CREATE = "create hello.py that prints hello"
+"""A prompt that asks for a file: the demo's hosts answer it with the tool call that writes
+``hello.py`` (:data:`CREATED`), and end the turn after the tool's result."""
+
+CREATED = 'print("hello")\n'
+"""What ``hello.py`` holds once an agent has run the demo's tool call."""
+
 INSTALL_TIMEOUT = 600.0
 VERSION_TIMEOUT = 30.0
 RUN_TIMEOUT = 120.0
