@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -33,6 +33,13 @@ CODEX_VERSION = "0.169.0"
 
 MODEL = "qwen3-coder-30b"
 """The demo's default model of route ``opencode``, loaded on gpu-a."""
+
+CREATE = "create hello.py that prints hello"
+"""A prompt that asks for a file: the demo's hosts answer it with the tool call that writes
+``hello.py`` (:data:`CREATED`), and end the turn after the tool's result."""
+
+CREATED = 'print("hello")\n'
+"""What ``hello.py`` holds once an agent has run the demo's tool call."""
 
 INSTALL_TIMEOUT = 600.0
 VERSION_TIMEOUT = 30.0
@@ -194,16 +201,18 @@ def claude(
     model: str | None = MODEL,
     extra: Mapping[str, str] | None = None,
     timeout: float = RUN_TIMEOUT,
+    prompt: str = "say hi",
+    flags: Sequence[str] = (),
 ) -> Run:
-    """``claude -p "say hi"`` against ``base_url`` (``retries``: Claude Code's own, else
-    its default of 10; ``model``: every request's, ``None``: Claude Code's own names;
-    ``extra``: more of its environment)."""
+    """``claude -p [flags] "say hi"`` against ``base_url`` (``retries``: Claude Code's own,
+    else its default of 10; ``model``: every request's, ``None``: Claude Code's own names;
+    ``extra``: more of its environment; ``prompt``: another one)."""
     project = home / "project"
     project.mkdir(parents=True, exist_ok=True)
     env = {**sandbox_env(home / "home"), **claude_settings(base_url, key, model), **(extra or {})}
     if retries is not None:
         env["CLAUDE_CODE_MAX_RETRIES"] = str(retries)
-    return run_agent([str(binary), "-p", "say hi"], project, env, timeout)
+    return run_agent([str(binary), "-p", *flags, prompt], project, env, timeout)
 
 
 def codex(
@@ -215,9 +224,11 @@ def codex(
     *,
     model: str = MODEL,
     timeout: float = RUN_TIMEOUT,
+    prompt: str = "say hi",
+    flags: Sequence[str] = (),
 ) -> Run:
-    """``codex exec --skip-git-repo-check "say hi"`` with :func:`codex_config` for
-    ``base_url``, the key in ``CROSSBAR_KEY``."""
+    """``codex exec --skip-git-repo-check [flags] "say hi"`` with :func:`codex_config` for
+    ``base_url``, the key in ``CROSSBAR_KEY`` (``prompt``: another one)."""
     project = home / "project"
     project.mkdir(parents=True, exist_ok=True)
     env = sandbox_env(home / "home")
@@ -225,5 +236,5 @@ def codex(
     codex_home.mkdir(exist_ok=True)
     (codex_home / "config.toml").write_text(codex_config(base_url, model, retries))
     env |= {"CODEX_HOME": str(codex_home), "CROSSBAR_KEY": key}
-    argv = [str(binary), "exec", "--skip-git-repo-check", "say hi"]
+    argv = [str(binary), "exec", "--skip-git-repo-check", *flags, prompt]
     return run_agent(argv, project, env, timeout)

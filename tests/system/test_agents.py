@@ -10,6 +10,12 @@ are skipped with the reason, or fail when ``CROSSBAR_REQUIRE_OPENCODE`` is set, 
 Claude Code speaks Anthropic's Messages API (``POST /<route>/v1/messages?beta=true``) and Codex
 OpenAI's Responses API (``POST /<route>/v1/responses``); the demo's simulated hosts answer
 both as llama-server does. About 3 s a run once the cache is filled.
+
+Asked to create ``hello.py``, each creates it: the demo answers with the tool call that writes
+it, then ends the turn. Each runs headless as a person tries it: Claude Code with
+``--permission-mode acceptEdits`` (its Write tool; ``--dangerously-skip-permissions`` is refused
+to root), Codex with ``--dangerously-bypass-approvals-and-sandbox`` (its ``exec_command`` runs
+the demo's ``echo``; its own sandbox needs user namespaces that containers may refuse).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import pytest
 
 from tests.support import REPO, Daemon, demo_route_ready, free_port, http_status, start_daemon
 from tests.support.agents import (
+    CREATE,
+    CREATED,
     claude,
     claude_settings,
     codex,
@@ -101,6 +109,31 @@ def test_codex_answers_through_crossbar(codex_bin: Path, demo: Daemon, tmp_path:
     assert simulated_answer(run.out), f"no simulated answer printed\n{report}"
     assert logged(demo, r"opencode gpu-a POST /v1/responses 200 \d+ms") >= 1, report
     assert "Traceback" not in demo.output(), report
+
+
+HEADLESS = {
+    "claude": ["--permission-mode", "acceptEdits"],
+    "codex": ["--dangerously-bypass-approvals-and-sandbox"],
+}
+"""Each agent's flags to run the demo's tool call without asking anyone."""
+
+
+@pytest.mark.parametrize("agent", list(HEADLESS))
+def test_each_agent_creates_hello_py_through_crossbar(
+    agent: str, demo: Daemon, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    binary = request.getfixturevalue(f"{agent}_bin")
+    if agent == "claude":
+        run = claude(binary, tmp_path, f"{demo.url}/opencode", prompt=CREATE, flags=HEADLESS[agent])
+    else:
+        run = codex(
+            binary, tmp_path, f"{demo.url}/opencode/v1", prompt=CREATE, flags=HEADLESS[agent]
+        )
+    report = f"{run.report()}\ncrossbar:\n{demo.log()}"
+    assert run.code == 0, report
+    hello = tmp_path / "project" / "hello.py"
+    assert hello.is_file() and hello.read_text() == CREATED, report
+    assert "Created hello.py." in run.out, report
 
 
 # -- crossbar's own errors, as each agent prints them -------------------------------------------

@@ -18,6 +18,9 @@ OpenAI-compatible provider (``@ai-sdk/openai-compatible``) is bundled in the pin
 version, so nothing is installed at run time; the plugin package it would fetch into its
 config folder fails to install, which it ignores.
 
+Asked to create ``hello.py``, OpenCode creates it with its ``write`` tool: the demo answers
+with the tool call, then ends the turn.
+
 About 5 to 10 s once the cache is filled; the first install adds the download of the
 npm packages (about 120 MB, 355 MB unpacked).
 """
@@ -37,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import Daemon, demo_route_ready, start_daemon
+from tests.support.agents import CREATE, CREATED, run_agent
 from tests.support.opencode import MODEL, install_opencode, opencode_env, opencode_json
 
 # Bounds of every wait here.
@@ -144,3 +148,19 @@ def test_opencode_answers_through_crossbar(opencode: Path, demo: Daemon, tmp_pat
     log = demo.output()
     assert len(line.findall(log)) >= by_opencode + 1, log  # ours too
     assert "Traceback" not in log, log
+
+
+def test_opencode_creates_hello_py_through_crossbar(
+    opencode: Path, demo: Daemon, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    settings = opencode_json(f"{demo.url}/opencode/v1")
+    (project / "opencode.json").write_text(json.dumps(settings, indent=2) + "\n")
+    argv = [str(opencode), "run", "--model", f"lab/{MODEL}", CREATE]
+    run = run_agent(argv, project, opencode_env(tmp_path / "home"), RUN_TIMEOUT)
+    report = f"{run.report()}\ncrossbar:\n{demo.log()}"
+    assert run.code == 0, report
+    hello = project / "hello.py"
+    assert hello.is_file() and hello.read_text() == CREATED, report
+    assert "Created hello.py." in run.out, report

@@ -23,6 +23,10 @@ tests that count tokens fix the length with ``chunks``.  ``usage`` and ``timings
 what was sent: ``completion_tokens`` and ``predicted_n`` are the content tokens,
 ``predicted_ms`` their pace.
 
+Asked by an agent to create a file (``hello.py``), with a tool offered that writes files or
+runs commands, it answers with the call that writes it, and ends the turn after the tool's
+result (``toolcalls``); so an agent can be tried end to end against ``crossbar --demo``.
+
 Besides chat and text completions it speaks Anthropic's Messages API (``/v1/messages``, what
 Claude Code sends) and OpenAI's Responses API (``/v1/responses``, what Codex sends), and counts
 prompt tokens for both (``/v1/messages/count_tokens``, ``/v1/responses/input_tokens``,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from crossbar.testing.simulator.replies import BUILD_INFO, dumps
@@ -138,15 +138,27 @@ class Reply:
         }
         return cls(chat, model, created, n, finish, usage, timings)
 
+    def retold(self, tokens: int, finish: str) -> Reply:
+        """This reply of another ``tokens`` tokens that ends by itself (``finish``): what a
+        model writes of its own (a tool call, a turn's last words), counted as written."""
+        usage = self.usage | {
+            "completion_tokens": tokens,
+            "total_tokens": tokens + self.usage["prompt_tokens"],
+        }
+        ms = self.timings["predicted_per_token_ms"]
+        timings = self.timings | {"predicted_n": tokens, "predicted_ms": tokens * ms}
+        return replace(self, tokens=tokens, finish=finish, usage=usage, timings=timings)
+
     def content(self, size: int) -> str:
         """The whole generated text, ``size`` letters a token: what a stream adds up to."""
         return text(0, self.tokens * size)
 
-    def whole(self, size: int) -> dict[str, Any]:
-        """The non-streamed answer, ``size`` letters a token."""
-        content = self.content(size)
+    def whole(self, size: int, message: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The non-streamed answer, ``size`` letters a token (a chat answer's ``message``
+        when it is not the generated text)."""
+        content = self.content(size) if message is None else ""
         if self.chat:
-            message = {"role": "assistant", "content": content}
+            message = message or {"role": "assistant", "content": content}
             choice = {"finish_reason": self.finish, "index": 0, "message": message}
         else:
             choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": self.finish}
@@ -161,8 +173,11 @@ class Reply:
             "timings": self.timings,
         }
 
-    def events(self, size: int, with_usage: bool) -> Iterator[tuple[bool, bytes]]:
-        """(paced, bytes) for every SSE event, generated lazily: streams may be huge.
+    def events(
+        self, size: int, with_usage: bool, deltas: Iterable[dict[str, Any]] | None = None
+    ) -> Iterator[tuple[bool, bytes]]:
+        """(paced, bytes) for every SSE event, generated lazily: streams may be huge; a chat
+        answer's ``deltas`` a token when it is not the generated text.
 
         Chat chunks carry the id before the model; text completion chunks after the object,
         and their last chunk always has the usage (``include_usage`` adds nothing). A chat
@@ -172,8 +187,10 @@ class Reply:
         if self.chat:
             role = {"role": "assistant", "content": None}
             yield False, self._event([{"finish_reason": None, "index": 0, "delta": role}])
-        for i in range(self.tokens):
-            yield True, self._event([self._choice(None, text(i * size, size))])
+        if deltas is None:
+            deltas = ({"content": text(i * size, size)} for i in range(self.tokens))
+        for delta in deltas:
+            yield True, self._event([self._choice(None, delta)])
         last = [self._choice(self.finish, None)]
         if not self.chat:
             yield False, self._event(last, usage=self.usage, timings=self.timings)
@@ -206,11 +223,8 @@ class Reply:
             doc["id"] = self.id
         return b"data: " + dumps(doc | extra) + b"\n\n"
 
-    def _choice(self, finish: str | None, content: str | None) -> dict[str, Any]:
+    def _choice(self, finish: str | None, delta: dict[str, Any] | None) -> dict[str, Any]:
         if not self.chat:
-            return {"text": content or "", "index": 0, "logprobs": None, "finish_reason": finish}
-        return {
-            "finish_reason": finish,
-            "index": 0,
-            "delta": {} if content is None else {"content": content},
-        }
+            said = "" if delta is None else delta.get("content", "")
+            return {"text": said, "index": 0, "logprobs": None, "finish_reason": finish}
+        return {"finish_reason": finish, "index": 0, "delta": delta or {}}

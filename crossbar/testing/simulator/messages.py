@@ -17,7 +17,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crossbar.testing.simulator.completions import text
 from crossbar.testing.simulator.replies import HttpError, dumps
 from crossbar.testing.simulator.toolcalls import ToolCall, Written, pick
 
@@ -116,12 +115,12 @@ def _sse(name: str, data: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class MessagesAnswer(Written):
-    """A generated answer in the Messages API's shape: text, or the forced ``tool``'s call."""
+    """A generated answer in the Messages API's shape: text, or a ``tool``'s call."""
 
     def _stop_reason(self) -> str:
         if self.tool is not None:
             return "tool_use"
-        return "end_turn" if self.reply.finish == "stop" else "max_tokens"
+        return "max_tokens" if self.reply.finish == "length" else "end_turn"
 
     def _usage(self) -> dict[str, int]:
         cached = self.reply.usage["prompt_tokens_details"]["cached_tokens"]
@@ -175,13 +174,11 @@ class MessagesAnswer(Written):
             {"type": "content_block_start", "index": 0, "content_block": self._block()},
         )
         if self.tool is None:
-            pieces: Iterator[str] = (text(i * self.size, self.size) for i in range(self.tokens))
             kind, field = "text_delta", "text"
         else:
-            pieces = self.tool.pieces(self.size)
             kind, field = "input_json_delta", "partial_json"
         first = True
-        for piece in pieces:
+        for piece in self.pieces():
             delta = {"type": kind, field: piece}
             event = {"type": "content_block_delta", "index": 0, "delta": delta}
             yield True, (opened if first else b"") + _sse("content_block_delta", event)

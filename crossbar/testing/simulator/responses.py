@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crossbar.testing.simulator.completions import text
 from crossbar.testing.simulator.replies import HttpError, dumps
 from crossbar.testing.simulator.toolcalls import ToolCall, Written, pick, random_id
 
@@ -73,15 +72,15 @@ def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise HttpError(400, "'tools' must be an array of objects")
-    functions = _functions(tools)
-    if functions:
-        chat["tools"] = functions
+    given = functions(tools)
+    if given:
+        chat["tools"] = given
     if "max_output_tokens" in body:
         chat["max_tokens"] = body["max_output_tokens"]
     return chat
 
 
-def _functions(tools: object) -> list[Any]:
+def functions(tools: object) -> list[Any]:
     """The ``function`` tools: llama-server skips the others (web search, custom ones)."""
     if not isinstance(tools, list):
         return []
@@ -92,12 +91,12 @@ def forced_tool(body: Mapping[str, Any]) -> ToolCall | None:
     """The call a request forces: ``tool_choice`` ``{"type": "function", "name": ...}``
     names it, ``"required"`` leaves it to the model (the simulator takes the first)."""
     choice = body.get("tool_choice")
-    functions = _functions(body.get("tools"))
+    given = functions(body.get("tools"))
     if isinstance(choice, Mapping) and choice.get("type") == "function":
         name = choice.get("name")
-        return pick(functions, name, "parameters") if isinstance(name, str) else None
+        return pick(given, name, "parameters") if isinstance(name, str) else None
     if choice == "required":
-        return pick(functions, None, "parameters")
+        return pick(given, None, "parameters")
     return None
 
 
@@ -107,7 +106,7 @@ def _sse(data: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class ResponsesAnswer(Written):
-    """A generated answer in the Responses API's shape: text, or the forced ``tool``'s call."""
+    """A generated answer in the Responses API's shape: text, or a ``tool``'s call."""
 
     id: str = field(default_factory=lambda: "resp_" + random_id())
     message_id: str = field(default_factory=lambda: "msg_" + random_id())
@@ -187,13 +186,11 @@ class ResponsesAnswer(Written):
     def events(self) -> Iterator[tuple[bool, bytes]]:
         """(paced, bytes) a token; the first token's write opens the response."""
         if self.tool is None:
-            pieces: Iterator[str] = (text(i * self.size, self.size) for i in range(self.tokens))
             kind, item_id = "response.output_text.delta", self.message_id
         else:
-            pieces = self.tool.pieces(self.size)
             kind, item_id = "response.function_call_arguments.delta", "fc_" + self.tool.id
         first = True
-        for piece in pieces:
+        for piece in self.pieces():
             delta = _sse({"type": kind, "item_id": item_id, "delta": piece})
             yield True, (self._opening() if first else b"") + delta
             first = False
