@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 import msgspec
 import treq
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -40,6 +40,8 @@ log = Logger()
 
 MIN_TOKENS = 64
 """A saved prefix shorter than this is never restored: too short to gain from."""
+TIMEOUT = 2.0
+"""Seconds a restore may hold a turn (it takes milliseconds): past them the turn goes."""
 
 
 class HTTPClient(Protocol):
@@ -67,6 +69,8 @@ class _Answer(msgspec.Struct, gc=False):
 
 class _Props(msgspec.Struct, gc=False):
     build_info: str = ""
+    media_marker: str = ""
+    """Random, new at every start of the model's server: tells a reload."""
 
 
 class _Failed(Exception):
@@ -104,9 +108,12 @@ class PrefixKeeper:
             return None
         now = self._clock.seconds()
         self.counts.saw(route, model, conversation.prefix, now)
-        if not self.saves.may_ask(host, now) or self.saves.allows(host) is False:
+        if not self.saves.may_ask(host, now) or not self.saves.holds(
+            host, model, conversation.prefix
+        ):
             return None
-        return Deferred.fromCoroutine(self._guarded(host, model, conversation.prefix, True))
+        restoring = Deferred.fromCoroutine(self._guarded(host, model, conversation.prefix, True))
+        return restoring.addTimeout(TIMEOUT, self._clock)
 
     def finished(
         self, route: str, model: str | None, host: str, conversation: Conversation | None, ok: bool
@@ -133,6 +140,8 @@ class PrefixKeeper:
             self.saves.refused(host, self._clock.seconds())
             log.info("host {host} keeps no saved slots (no --slot-save-path)", host=host)
         except Exception as e:
+            if isinstance(e, CancelledError):
+                e = _Failed(f"no answer within {TIMEOUT:g}s")
             wait = self.saves.failed(host, self._clock.seconds())
             log.warn(
                 "prefix {what} of model {model} on host {host} failed: {why}; not tried"
@@ -142,7 +151,7 @@ class PrefixKeeper:
 
     async def _restore(self, host: str, model: str, prefix: bytes) -> None:
         key = await self._key(host, model, prefix)
-        saved = self.saves.find(host, key)
+        saved = None if key is None else self.saves.find(host, key)
         if saved is None or saved.tokens < MIN_TOKENS:
             return
         free = [s for s in await self._slots(host, model) if _never_used(s)]
@@ -153,7 +162,7 @@ class PrefixKeeper:
 
     async def _save(self, host: str, model: str, prefix: bytes) -> None:
         key = await self._key(host, model, prefix)
-        if self.saves.find(host, key) is not None:
+        if key is None or self.saves.find(host, key) is not None:
             return
         idle = [
             s for s in await self._slots(host, model) if not s.is_processing and s.n_prompt_tokens
@@ -165,13 +174,27 @@ class PrefixKeeper:
         answer = await self._action(host, model, last.id, "save", name)
         self.saves.saved(host, key, name, answer.n_saved)
 
-    async def _key(self, host: str, model: str, prefix: bytes) -> Key:
-        """The saved prefix's key: the model, the host's build (``/props``), the digest."""
-        body = await self._ask(host, f"/props?model={quote(model, safe='')}&autoload=false")
-        return (model, msgspec.json.decode(body, type=_Props).build_info, prefix)
+    async def _key(self, host: str, model: str, prefix: bytes) -> Key | None:
+        """The saved prefix's key: the model, its server's build and start (``/props``
+        ``build_info`` and ``media_marker``, random at each load), the digest; ``None``
+        while the model is not loaded (a router answers ``400``, loading nothing)."""
+        code, body = await self._get(host, f"/props?model={quote(model, safe='')}&autoload=false")
+        if code == 400:
+            return None
+        if code != 200:
+            raise _Failed(f"/props answered {code}")
+        props = msgspec.json.decode(body, type=_Props)
+        return (model, f"{props.build_info} {props.media_marker}", prefix)
 
     async def _slots(self, host: str, model: str) -> list[_Slot]:
-        return _SLOTS.decode(await self._ask(host, f"/slots?model={quote(model, safe='')}"))
+        code, body = await self._get(host, f"/slots?model={quote(model, safe='')}")
+        if code != 200:
+            raise _Failed(f"/slots answered {code}")
+        return _SLOTS.decode(body)
+
+    async def _get(self, host: str, path: str) -> tuple[int, bytes]:
+        response = await self._client.get(self._urls[host] + path, headers=self._headers.get(host))
+        return response.code, await treq.content(response)
 
     async def _action(self, host: str, model: str, slot: int, action: str, name: str) -> _Answer:
         url = f"{self._urls[host]}/slots/{slot}?action={action}"
@@ -184,13 +207,6 @@ class PrefixKeeper:
         if response.code != 200:
             raise _Failed(f"{action} answered {response.code}")
         return msgspec.json.decode(body, type=_Answer)
-
-    async def _ask(self, host: str, path: str) -> bytes:
-        response = await self._client.get(self._urls[host] + path, headers=self._headers.get(host))
-        body: bytes = await treq.content(response)
-        if response.code != 200:
-            raise _Failed(f"{path.partition('?')[0]} answered {response.code}")
-        return body
 
 
 def _never_used(slot: _Slot) -> bool:

@@ -82,6 +82,11 @@ class PrefixSaves:
             known.files.move_to_end(key)
         return saved
 
+    def holds(self, host: str, model: str, prefix: bytes) -> bool:
+        """Whether ``host`` holds ``prefix`` of ``model`` saved, of any build."""
+        known = self._hosts.get(host)
+        return known is not None and any(k[0] == model and k[2] == prefix for k in known.files)
+
     def name_for(self, host: str, key: Key) -> str:
         """The file name ``key`` is to be saved under on ``host``: its own, a free one, or
         that of the prefix used least recently (forgotten now)."""

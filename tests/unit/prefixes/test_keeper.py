@@ -11,9 +11,10 @@ from typing import Any
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import NOT_DONE_YET, Request
 
 from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
+from crossbar.prefixes.keeper import TIMEOUT
 from crossbar.routing import Conversation
 
 NEW = Conversation(b"k1", 0, b"prefix")
@@ -27,14 +28,16 @@ class FakeHost(Resource):
 
     def __init__(self, save_path: bool = True, build: str = "b1") -> None:
         super().__init__()
-        self.save_path, self.build = save_path, build
+        self.save_path, self.build, self.started = save_path, build, "marker-1"
+        self.gets = 0
         self.slots: list[dict[str, Any]] = [{"id": 0}, {"id": 1}]
         self.files: dict[str, int] = {}
         self.actions: list[tuple[str, int, dict[str, Any]]] = []
 
     def render_GET(self, request: Request) -> bytes:
+        self.gets += 1
         if request.path == b"/props":
-            return json.dumps({"build_info": self.build}).encode()
+            return json.dumps({"build_info": self.build, "media_marker": self.started}).encode()
         return json.dumps(self.slots).encode()
 
     def render_POST(self, request: Request) -> bytes:
@@ -133,6 +136,44 @@ def test_a_failed_restore_costs_the_turn_nothing_and_backs_off() -> None:
     assert keep.before("lab", "m", "a", NEW) is None  # backing off
     clock.advance(31)
     assert keep.before("lab", "m", "a", NEW) is not None
+
+
+def test_a_reloaded_model_saves_again_rather_than_restoring() -> None:
+    host = FakeHost()
+    keep, _ = keeper(host)
+    for _ in range(2):
+        ran_first_turn(keep, host, 0)
+    host.started, host.slots = "marker-2", [{"id": 0}, {"id": 1}]  # a new model server
+    ran_first_turn(keep, host, 0)
+    assert [a[0] for a in host.actions] == ["save", "save"]
+
+
+def test_a_new_conversation_with_nothing_saved_is_sent_at_once() -> None:
+    host = FakeHost()
+    keep, _ = keeper(host)
+    assert keep.before("lab", "m", "a", NEW) is None
+    assert host.gets == 0
+
+
+class SilentHost(FakeHost):
+    def render_GET(self, request: Request) -> Any:
+        if self.gets:
+            return NOT_DONE_YET  # asked again: never answers
+        return super().render_GET(request)
+
+
+def test_a_host_that_does_not_answer_a_restore_holds_the_turn_two_seconds_at_most() -> None:
+    host = FakeHost()
+    keep, clock = keeper(host)
+    for _ in range(2):
+        ran_first_turn(keep, host, 0)
+    silent = SilentHost()
+    keep._client = StubTreq(silent)  # the same host, gone quiet
+    done = keep.before("lab", "m", "a", NEW)
+    assert done is not None and not done.called
+    clock.advance(TIMEOUT)
+    assert done.called and self_result(done) is None
+    assert not keep.saves.may_ask("a", clock.seconds())
 
 
 def self_result(d: Any) -> Any:
