@@ -121,6 +121,7 @@ class Crossbar(MultiService):
             reloads=self.reloads,
             reload=self.reload_everywhere,
             usage=self.usage,
+            prefixes=(self.prefix_counts, self.prefix_saves),
         )
 
     def startService(self) -> None:

@@ -6,6 +6,7 @@ without a save path is asked once, and its conversations go on as before."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -74,6 +75,10 @@ async def test_a_new_conversation_beside_a_live_one_prefills_only_its_own_tokens
     assert beside < 0.05 * first
     actions = [r.path.split("action=")[1] for r in sim.requests if r.path.startswith("/slots/")]
     assert actions == ["save", "restore"]
+    _, data = await rig.get("/_crossbar/status")
+    shown = json.loads(data)["prefixes"]
+    assert [(r["route"], r["new_conversations"]) for r in shown["shared"]] == [("lab", 3)]
+    assert shown["hosts"][0]["host"] == "gpu-a" and shown["hosts"][0]["allows_saves"] is True
 
 
 @pytest_twisted.ensureDeferred
