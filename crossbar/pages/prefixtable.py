@@ -54,4 +54,4 @@ def _host_line(host: dict[str, Any]) -> str:
     if not saved:
         return f"{host['host']}: nothing saved yet"
     held = ", ".join(f"{s['prefix']} ({s['model']}, {s['tokens']} tokens)" for s in saved)
-    return f"{host['host']}: {held}"
+    return f"{host['host']}: {held}; restored {host['restores']} times"

@@ -43,6 +43,7 @@ class _Host:
     """``None``: not asked yet."""
     retry_at: float = 0.0
     failures: int = 0
+    restores: int = 0
     files: OrderedDict[Key, Saved] = attrs.Factory(OrderedDict)
 
 
@@ -108,8 +109,10 @@ class PrefixSaves:
         known.allows, known.failures, known.retry_at = True, 0, 0.0
 
     def restored(self, host: str) -> None:
+        """A saved prefix was restored into a slot of ``host`` (counted)."""
         known = self._host(host)
         known.allows, known.failures, known.retry_at = True, 0, 0.0
+        known.restores += 1
 
     def forget(self, host: str, model: str) -> None:
         """``model`` was reloaded on ``host``: its saved prefixes are saved again."""
@@ -124,6 +127,7 @@ class PrefixSaves:
             {
                 "host": host,
                 "allows_saves": known.allows,
+                "restores": known.restores,
                 "saved": [
                     {"model": key[0], "prefix": key[2].hex()[:12], "tokens": saved.tokens}
                     for key, saved in known.files.items()

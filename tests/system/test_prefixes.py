@@ -79,6 +79,7 @@ async def test_a_new_conversation_beside_a_live_one_prefills_only_its_own_tokens
     shown = json.loads(data)["prefixes"]
     assert [(r["route"], r["new_conversations"]) for r in shown["shared"]] == [("lab", 3)]
     assert shown["hosts"][0]["host"] == "gpu-a" and shown["hosts"][0]["allows_saves"] is True
+    assert shown["hosts"][0]["restores"] == 1
 
 
 @pytest_twisted.ensureDeferred

@@ -32,5 +32,5 @@ def test_prefixes_and_what_each_host_holds_in_words() -> None:
     saves.refused("gpu-b", 0.0)
     page = flatten(counts.listing(12.0), saves.listing())
     assert "<code>010203040506</code>" in page and ">3</td>" in page and ">10 s ago</td>" in page
-    assert "gpu-a: 010203040506 (tiny-a, 4607 tokens)" in page
+    assert "gpu-a: 010203040506 (tiny-a, 4607 tokens); restored 0 times" in page
     assert "gpu-b: keeps no saved slots (started without --slot-save-path)" in page

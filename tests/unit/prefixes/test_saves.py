@@ -46,4 +46,5 @@ def test_a_prefix_belongs_to_its_model_and_build_and_a_reload_forgets_it() -> No
     assert saves.find("a", ("m", "b2", b"p")) is None  # another build: saved again
     saves.forget("a", "m")
     assert saves.find("a", ("m", "b1", b"p")) is None
-    assert saves.listing() == [{"host": "a", "allows_saves": True, "saved": []}]
+    saves.restored("a")
+    assert saves.listing() == [{"host": "a", "allows_saves": True, "restores": 1, "saved": []}]
