@@ -45,8 +45,14 @@ def crossbar_on(
     llama_router: RouterStarter,
     crossbar_process: CrossbarStarter,
     models: Path,
-    *extra: str,
+    saves: Path | None,
 ) -> tuple[Any, CrossbarProcess]:
+    """A router (``saves``: its ``--slot-save-path``, made here) with the model loaded, and
+    crossbar in front of it, seeing it loaded."""
+    extra: tuple[str, ...] = ()
+    if saves is not None:
+        saves.mkdir()
+        extra = ("--slot-save-path", str(saves))
     router = llama_router(models, extra_args=("-np", "2", "-c", "8192", *extra))
     loaded = request("POST", f"{router.url}/models/load", {"model": MODEL})
     assert loaded.status == 200, loaded
@@ -63,6 +69,15 @@ def crossbar_on(
     return router, proxy
 
 
+def saved_after_two(proxy: CrossbarProcess) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Two new conversations; once crossbar saved their prefix: the first's ``timings``, and
+    what the host holds saved."""
+    first = new_conversation(proxy, "fix the tests")
+    new_conversation(proxy, "write the docs")
+    held = wait_until(lambda: host_prefixes(proxy).get("saved"), SEEN_TIMEOUT, "a prefix saved")
+    return first, held
+
+
 def test_a_saved_prefix_is_restored_before_a_new_conversation(
     tiny_models: Callable[..., Path],
     llama_router: RouterStarter,
@@ -70,13 +85,8 @@ def test_a_saved_prefix_is_restored_before_a_new_conversation(
     tmp_path: Path,
 ) -> None:
     saves = tmp_path / "slots"
-    saves.mkdir()
-    _, proxy = crossbar_on(
-        llama_router, crossbar_process, tiny_models(MODEL), "--slot-save-path", str(saves)
-    )
-    first = new_conversation(proxy, "fix the tests")
-    new_conversation(proxy, "write the docs")
-    held = wait_until(lambda: host_prefixes(proxy).get("saved"), SEEN_TIMEOUT, "a prefix saved")
+    _, proxy = crossbar_on(llama_router, crossbar_process, tiny_models(MODEL), saves)
+    first, held = saved_after_two(proxy)
     assert held[0]["tokens"] >= first["prompt_n"]
     assert [p.name for p in saves.iterdir()] == ["crossbar-prefix-0.bin"]
     third = new_conversation(proxy, "add a flag")
@@ -89,7 +99,7 @@ def test_a_router_without_a_save_path_is_asked_once(
     llama_router: RouterStarter,
     crossbar_process: CrossbarStarter,
 ) -> None:
-    _, proxy = crossbar_on(llama_router, crossbar_process, tiny_models(MODEL))
+    _, proxy = crossbar_on(llama_router, crossbar_process, tiny_models(MODEL), None)
     new_conversation(proxy, "fix the tests")
     new_conversation(proxy, "write the docs")
     wait_until(
@@ -107,14 +117,10 @@ def test_a_model_reloaded_between_save_and_restore_is_saved_again(
     crossbar_process: CrossbarStarter,
     tmp_path: Path,
 ) -> None:
-    saves = tmp_path / "slots"
-    saves.mkdir()
     router, proxy = crossbar_on(
-        llama_router, crossbar_process, tiny_models(MODEL), "--slot-save-path", str(saves)
+        llama_router, crossbar_process, tiny_models(MODEL), tmp_path / "slots"
     )
-    new_conversation(proxy, "fix the tests")
-    new_conversation(proxy, "write the docs")
-    wait_until(lambda: host_prefixes(proxy).get("saved"), SEEN_TIMEOUT, "a prefix saved")
+    saved_after_two(proxy)
     for action in ("unload", "load"):
         assert request("POST", f"{router.url}/models/{action}", {"model": MODEL}).status == 200
         want = "loaded" if action == "load" else "unloaded"
