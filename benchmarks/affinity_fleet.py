@@ -19,6 +19,10 @@ from tests.support import REPO, Daemon, free_port, start_daemon
 MODEL = "tiny-bench"
 ROUTE = "bench"
 
+SAVES = "+saves"
+"""A run named so has its hosts started with ``--slot-save-path``: crossbar keeps the shared
+prefix saved on each and restores it before each new conversation."""
+
 
 def post(url: str, body: dict[str, Any], timeout: float = 600) -> tuple[dict[str, Any], str]:
     """POST JSON, return the decoded answer and its ``X-Crossbar-Host`` header."""
@@ -56,7 +60,10 @@ def llama_server_binary(given: str | None) -> Path:
     return Path(path)
 
 
-def start_host(args: argparse.Namespace, binary: Path, model: Path, workdir: Path) -> Daemon:
+def start_host(
+    args: argparse.Namespace, binary: Path, model: Path, workdir: Path, saves: bool = False
+) -> Daemon:
+    """One llama-server; ``saves``: started with ``--slot-save-path`` (a folder of its own)."""
     port = free_port()
     argv = [
         str(binary), "-m", str(model), "--alias", MODEL,
@@ -65,6 +72,9 @@ def start_host(args: argparse.Namespace, binary: Path, model: Path, workdir: Pat
         "-c", str(args.ctx), "-np", str(args.slots),
         "-t", str(args.threads), "-tb", str(args.threads),
     ]  # fmt: skip
+    if saves:
+        (workdir / f"slots-{port}").mkdir()
+        argv += ["--slot-save-path", str(workdir / f"slots-{port}")]
     host = Daemon.start(argv, port, workdir / f"host-{port}.log", cwd=workdir)
     if not host.wait(lambda: get_json(f"{host.url}/health") == {"status": "ok"}, 60):
         host.stop()
@@ -106,9 +116,10 @@ def fleet(
     hosts: list[Daemon] = []
     proxies: list[Daemon] = []
     try:
-        hosts = [start_host(args, binary, model, workdir) for _ in range(args.hosts)]
+        saves = policy.endswith(SAVES)
+        hosts = [start_host(args, binary, model, workdir, saves) for _ in range(args.hosts)]
         slots = None if args.no_host_slots else args.slots
-        config = crossbar_yaml(policy.split(",")[0], hosts, slots)
+        config = crossbar_yaml(policy.split(",")[0].removesuffix(SAVES), hosts, slots)
         for i in range(replicas):
             folder = workdir / f"crossbar-{i + 1}"
             folder.mkdir()

@@ -28,6 +28,7 @@ from crossbar.config import (
     Changes,
     Config,
     ConfigError,
+    HostSettings,
     Reloaded,
     Reloads,
     compare,
@@ -43,6 +44,7 @@ from crossbar.pages import (
     peer_secret,
     publish_port,
 )
+from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
 from crossbar.proxy import ProxyContext, ProxyResource
 from crossbar.queueing import Waits
 from crossbar.sites import PageResources, Private, Sites
@@ -85,6 +87,8 @@ class Crossbar(MultiService):
         observers = (self.metrics, self.recent, self.hourly, access)
         self._observer = Observers(*observers, *([self.usage] if self.usage else []))
         self.waits = Waits(self.traffic, self.table, reactor)
+        self.prefix_saves = PrefixSaves(self._prefix_files)
+        self.prefix_counts = PrefixCounts()
         self.proxy = ProxyResource(self._context(config))
         self.status = self._status_app(config, reactor, worker)
         shared = worker is not None or config.listen_reuse_port
@@ -117,6 +121,7 @@ class Crossbar(MultiService):
             reloads=self.reloads,
             reload=self.reload_everywhere,
             usage=self.usage,
+            prefixes=(self.prefix_counts, self.prefix_saves),
         )
 
     def startService(self) -> None:
@@ -148,7 +153,26 @@ class Crossbar(MultiService):
         hosts, reactor, observer = self.hosts, self._reactor, self._observer
         self.waits.configure(config)
         traffic, upstreams = hosts.traffic, hosts.upstreams
-        return ProxyContext(config, hosts.table, traffic, upstreams, reactor, observer, self.waits)
+        keys = {name: {b"Authorization": [b"Bearer " + h.api_key.value]}
+                for name, h in config.hosts.items() if h.api_key}  # fmt: skip
+        prefixes = PrefixKeeper(
+            hosts.client, config.urls, reactor, self.prefix_saves, self.prefix_counts, keys
+        )
+        return ProxyContext(
+            config,
+            hosts.table,
+            traffic,
+            upstreams,
+            reactor,
+            observer,
+            self.waits,
+            prefixes=prefixes,
+        )
+
+    def _prefix_files(self, host: str) -> int:
+        """The files of shared prefixes ``host`` may hold (its ``prefix_files``)."""
+        settings = self.config.settings.get(host)
+        return (settings or HostSettings()).prefix_files
 
     # -- reload ----------------------------------------------------------------------------
 

@@ -264,6 +264,7 @@ SETTING_PARSERS: dict[str, Any] = {
     "max_fails": parse_count,
     "recovery_polls": parse_count,
     "models_max": parse_optional_count,
+    "prefix_files": parse_count,
 }
 
 

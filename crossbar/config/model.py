@@ -62,6 +62,9 @@ class HostSettings:
     models_max: int | None = None
     """Models a router host runs at once (its ``--models-max``); ``None``: what the
     router's own ``GET /props`` says (``max_instances``), else unknown."""
+    prefix_files: int = 8
+    """Shared prompt prefixes kept saved on the host (``--slot-save-path``), one file each:
+    the bound of the disk crossbar uses there (:mod:`crossbar.prefixes`)."""
 
 
 SETTING_KEYS = frozenset(attrs.fields_dict(HostSettings))

@@ -29,11 +29,13 @@ from crossbar.pages.flowshares import FlowShares
 from crossbar.pages.hosttokens import recent_usage_json
 from crossbar.pages.models import models_json
 from crossbar.pages.peers import WorkerInfo, relay_reload
+from crossbar.pages.prefixtable import NO_PREFIXES
 from crossbar.pages.render import About, StatusPage, model_on
 from crossbar.pages.times import rfc3339
 from crossbar.pages.usagequery import answer as usage_answer
 from crossbar.pages.usagetables import UsageTables
 from crossbar.polling import HealthTable, HostState
+from crossbar.prefixes import PrefixCounts, PrefixSaves
 from crossbar.queueing import Traffic
 from crossbar.routing import Ask, Choice, places_conversations, routes_down
 from crossbar.stats import (
@@ -68,6 +70,7 @@ class StatusApp:
         reload: Callable[[], Reloaded] | None = None,
         hourly: HourlyTraffic | None = None,
         usage: UsageLedger | None = None,
+        prefixes: tuple[PrefixCounts, PrefixSaves] | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -89,6 +92,14 @@ class StatusApp:
         self.usage = usage
         """Usage kept across restarts; ``None``: ``usage_db`` is off."""
         self.usage_panel = UsageTables(usage, clock)
+        self.prefixes = prefixes
+        """Shared prefixes counted and saved on hosts (``None``: none kept)."""
+
+    def prefixes_json(self) -> dict[str, Any]:
+        if self.prefixes is None:
+            return NO_PREFIXES
+        counts, saves = self.prefixes
+        return {"shared": counts.listing(self.clock.seconds()), "hosts": saves.listing()}
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -166,6 +177,7 @@ class StatusApp:
                 flow: round(part, 4) for flow, part in self.traffic.queue.shares(now).items()
             },
             "flows": FlowShares.of(self.traffic.queue.usage(now)).to_json(),
+            "prefixes": self.prefixes_json(),
         }
 
     def affinity(self) -> dict[str, RouteAffinity]:
@@ -201,6 +213,7 @@ class StatusApp:
             hourly={} if self.hourly is None else self.hourly.hosts(),
             usage_totals=self.usage_panel.current(),
             shares=FlowShares.of(self.traffic.queue.usage(self.clock.seconds())),
+            shared_prefixes=self.prefixes_json(),
         )
 
     @app.route("/status", methods=["GET"])

@@ -22,6 +22,7 @@ from crossbar.pages.flowshares import FlowShares, flows_section
 from crossbar.pages.hosttokens import HostTokens
 from crossbar.pages.models import instances_words, load_words, model_notes
 from crossbar.pages.peers import WorkerInfo
+from crossbar.pages.prefixtable import NO_PREFIXES, prefixes_section
 from crossbar.pages.style import STYLE
 from crossbar.pages.times import ago, duration, rfc3339, short_seconds
 from crossbar.pages.usagetables import UsageView, usage_tables
@@ -113,6 +114,7 @@ data-label="Goes to now"><t:slot name="goes_to" /></td></tr>
 </table>
 <t:transparent t:render="usage_tables" />
 <div t:render="flows" />
+<div t:render="prefixes" />
 <p class="muted">Also: <a href="status">status (JSON)</a> \u00b7 <a href="metrics">metrics</a>
 \u00b7 <a href="usage">usage (JSON)</a> \u00b7 <a href="readyz">readyz</a> \u00b7 <a
 href="livez">livez</a></p>
@@ -210,6 +212,8 @@ class StatusPage(Element):
     loads: Mapping[str, LoadCost] = attrs.field(kw_only=True, factory=dict)
     """Each route whose default model is loaded on no healthy host: where it would load."""
     model_usage: Occupancy = attrs.field(kw_only=True, factory=Occupancy)
+    shared_prefixes: Mapping[str, Any] = attrs.field(kw_only=True, default=NO_PREFIXES)
+    """Shared prompt prefixes seen lately and saved on hosts (:mod:`crossbar.prefixes`)."""
     """Requests in flight and last use per host and model (a router's loaded models)."""
 
     @renderer
@@ -272,6 +276,10 @@ class StatusPage(Element):
     @renderer
     def flows(self, request: IRequest | None, tag: Tag) -> Flattenable:
         return flows_section(self.shares, tag)
+
+    @renderer
+    def prefixes(self, request: IRequest | None, tag: Tag) -> Flattenable:
+        return prefixes_section(self.shared_prefixes["shared"], self.shared_prefixes["hosts"], tag)
 
     @renderer
     def host(self, request: IRequest | None, tag: Tag) -> Flattenable:

@@ -10,6 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar.config import Config, HostSettings
 from crossbar.http import host_keys
 from crossbar.polling import HealthTable
+from crossbar.prefixes import PrefixKeeper
 from crossbar.queueing import Traffic, Waits
 from crossbar.routing import PromptSizes
 from crossbar.stats import ProxyObserver
@@ -28,6 +29,8 @@ class ProxyContext:
     observer: ProxyObserver
     waits: Waits | None = None
     """Where requests wait for a slot; ``None``: every request is sent on at once."""
+    prefixes: PrefixKeeper | None = None
+    """Saves and restores shared prompt prefixes on hosts; ``None``: never."""
     sizes: PromptSizes = attrs.field(factory=PromptSizes)
     """Bytes per prompt token learned per model and API, and each conversation's last
     size: a request's prompt tokens guessed before it is sent (routing by fit)."""

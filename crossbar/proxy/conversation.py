@@ -19,6 +19,11 @@ conversation shares, and other conversations do not, is its start:
 - a completion: the first :data:`PROMPT_BYTES` bytes of the prompt;
 - plus the model: another model on the same host has a cache of its own.
 
+Read in the same pass, a second digest, the conversation's *prefix*: what every new
+conversation of one agent shares (the model, the system prompt or instructions, the
+messages before the first user message, and the tools), with no user message in it.
+:mod:`crossbar.prefixes` counts them, and keeps a popular one saved on each host.
+
 A conversation also tells how far it has gone: its *turn* is the number of answers sent
 back in it (``assistant`` messages; in a Responses input, each run of the model's output
 items between two inputs).
@@ -109,25 +114,50 @@ class _OverBudget(Exception):
     pass
 
 
-def chat_conversation(model: str | None, messages: msgspec.Raw) -> Conversation | None:
-    """A chat completion's conversation, from its ``messages`` (their JSON)."""
-    return _messages(_digest(model, b"chat"), messages)
+class _Digests:
+    """The key's digest and the prefix's, fed together up to the first user message."""
+
+    def __init__(self, model: str | None, kind: bytes) -> None:
+        self.key, self.prefix = _digest(model, kind), _digest(model, kind)
+        self.shared = True
+
+    def update(self, data: bytes) -> None:
+        self.key.update(data)
+        if self.shared:
+            self.prefix.update(data)
+
+    def conversation(self, turn: int | None, tools: msgspec.Raw | None) -> Conversation:
+        """The conversation, its prefix ending with the tools (as written, less whitespace)."""
+        _field(self.prefix, b"" if tools is None else bytes(tools).translate(None, _WHITESPACE))
+        return Conversation(self.key.digest(), turn, self.prefix.digest())
+
+
+def chat_conversation(
+    model: str | None, messages: msgspec.Raw, tools: msgspec.Raw | None = None
+) -> Conversation | None:
+    """A chat completion's conversation, from its ``messages`` (their JSON) and ``tools``."""
+    return _messages(_Digests(model, b"chat"), messages, tools)
 
 
 def anthropic_conversation(
-    model: str | None, system: msgspec.Raw | None, messages: msgspec.Raw
+    model: str | None,
+    system: msgspec.Raw | None,
+    messages: msgspec.Raw,
+    tools: msgspec.Raw | None = None,
 ) -> Conversation | None:
     """A Messages API request's conversation: its ``system`` (a string or text blocks,
     Claude Code's billing header left out) and its messages up to the first user one."""
-    digest = _digest(model, b"anthropic")
+    digest = _Digests(model, b"anthropic")
     try:
         _field(digest, b"" if system is None else _system(system))
     except (*ERRORS, _OverBudget):
         return None
-    return _messages(digest, messages)
+    return _messages(digest, messages, tools)
 
 
-def _messages(digest: Any, messages: msgspec.Raw) -> Conversation | None:
+def _messages(
+    digest: _Digests, messages: msgspec.Raw, tools: msgspec.Raw | None
+) -> Conversation | None:
     """The conversation of ``messages`` up to the first user one, its turn the assistant
     messages after it; ``digest`` holds what came before (the model, the system)."""
     try:
@@ -138,23 +168,27 @@ def _messages(digest: Any, messages: msgspec.Raw) -> Conversation | None:
     if at is None:
         return None
     turn = sum(later.role == "assistant" for later in listed[at + 1 :])
-    return Conversation(digest.digest(), turn)
+    return digest.conversation(turn, tools)
 
 
 def responses_conversation(
-    model: str | None, instructions: msgspec.Raw | None, given: msgspec.Raw
+    model: str | None,
+    instructions: msgspec.Raw | None,
+    given: msgspec.Raw,
+    tools: msgspec.Raw | None = None,
 ) -> Conversation | None:
     """A Responses API request's conversation: its ``instructions`` and its input items
     up to the first user one that is not only Codex's context (:data:`CONTEXT_MARKERS`;
     an input that is a string is that one). Its turn is the model's answers since: each
     run of output items (a message, function calls, reasoning) between two inputs."""
     try:
-        digest = _digest(model, b"responses")
+        digest = _Digests(model, b"responses")
         _field(digest, b"" if instructions is None else _content(instructions))
         if bytes(memoryview(given)[:1]) == b'"':
+            digest.shared = False
             _field(digest, b"user")
             _field(digest, _content(given))
-            return Conversation(digest.digest(), 0)
+            return digest.conversation(0, tools)
         listed = _listed(given, _ITEMS)
         if listed is None:
             return None
@@ -168,7 +202,7 @@ def responses_conversation(
         output = item.role == "assistant" or item.type in _OUTPUT_ITEMS
         turn += output and not answering
         answering = output
-    return Conversation(digest.digest(), turn)
+    return digest.conversation(turn, tools)
 
 
 def _listed(raw: msgspec.Raw, decoder: msgspec.json.Decoder[Any]) -> Any:
@@ -180,10 +214,12 @@ def _listed(raw: msgspec.Raw, decoder: msgspec.json.Decoder[Any]) -> Any:
     return decoder.decode(raw)
 
 
-def _start(digest: Any, listed: Any, context: tuple[bytes, ...] = ()) -> int | None:
+def _start(digest: _Digests, listed: Any, context: tuple[bytes, ...] = ()) -> int | None:
     """Hashes the messages (or items) up to the first user one whose texts do not all
-    begin with one of ``context``'s markers; its index, if any."""
+    begin with one of ``context``'s markers; its index, if any. The prefix's digest takes
+    those before the first user message of any kind."""
     for at, message in enumerate(listed[:MAX_START]):
+        digest.shared = digest.shared and message.role != "user"
         _field(digest, message.role.encode())
         content = message.content
         data = b"" if content is msgspec.UNSET else _content(content)

@@ -180,10 +180,27 @@ class Exchange(AnswerRelay):
         outcome.tried.append(host)
         if demand.slot:
             self._count(host)
-        method = self.request.method
-        assert method is not None
         self._attempt_started = proxy.clock.seconds()
         self._sent = self._sent or self._attempt_started
+        prefixes = proxy.prefixes if len(outcome.tried) == 1 else None  # not on a failover
+        warm = prefixes and prefixes.before(route.name, demand.model, host, demand.conversation)
+        if warm:  # a saved prefix restored on the host first: then sent, unless it ended
+            warm.addCallback(lambda _: self._warmed(host))
+        else:
+            self._send(host)
+
+    def _warmed(self, host: str) -> None:
+        if self.phase is Phase.WAITING:  # else the client left meanwhile
+            try:
+                self._send(host)
+            except BadTarget as e:
+                self.fail(e.status, str(e))
+
+    def _send(self, host: str) -> None:
+        """Sends the request to ``host`` (chosen, its slot counted), its head due in time."""
+        proxy, demand = self.proxy, self.demand
+        method = self.request.method
+        assert method is not None
         headers = demand.headers + proxy.host_keys.get(host, demand.credentials)
         body = self._forward_body
         call = proxy.upstreams.call(host, method, demand.url_rest, headers, body, self)
@@ -354,4 +371,10 @@ class Exchange(AnswerRelay):
         record = self.outcome.record(self.request, self.phase, sent, now)
         if self.fit is not None:
             self.fit.learn(record.prompt_tokens)
+        prefixes, route = self.proxy.prefixes, self.outcome.route
+        if prefixes is not None and route is not None and record.host is not None:
+            ok = record.status == 200 and self.phase is Phase.ANSWERED
+            prefixes.finished(
+                route.name, self.demand.model, record.host, self.demand.conversation, ok
+            )
         self.proxy.observer.request_done(record)

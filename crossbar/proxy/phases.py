@@ -20,7 +20,8 @@ class Phase(enum.Enum):
     QUEUED = "waiting for a slot"
     """Every slot of its group is busy: it waits in crossbar (:mod:`crossbar.queueing.waits`)."""
     WAITING = "waiting for the host's head"
-    """Sent to a host (connecting included); no status line yet."""
+    """Sent to a host (connecting included; a saved prefix restored there first,
+    :mod:`crossbar.prefixes`); no status line yet."""
     HOLDING = "reading what may be a refusal"
     """The host's head is a short ``400``: its body is read whole before anything reaches
     the client, for it may refuse a prompt too long for the host's window

@@ -66,6 +66,7 @@ def _reply_limit(top: _Plain) -> int | None:
 
 class _Chat(_Plain):
     messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Completion(_Plain):
@@ -75,11 +76,13 @@ class _Completion(_Plain):
 class _Anthropic(_Plain):
     system: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Responses(_Plain):
     instructions: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     input: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 @attrs.frozen
@@ -99,9 +102,13 @@ class BodyFacts:
 NO_FACTS = BodyFacts(NOTHING)
 
 
+def _tools(body: Any) -> msgspec.Raw | None:
+    return None if body.tools is msgspec.UNSET else body.tools  # type: ignore[no-any-return]
+
+
 def _read_chat(model: str | None, body: Any) -> Conversation | None:
     messages = body.messages
-    return None if messages is msgspec.UNSET else chat_conversation(model, messages)
+    return None if messages is msgspec.UNSET else chat_conversation(model, messages, _tools(body))
 
 
 def _read_completion(model: str | None, body: Any) -> Conversation | None:
@@ -113,14 +120,14 @@ def _read_anthropic(model: str | None, body: Any) -> Conversation | None:
     if body.messages is msgspec.UNSET:
         return None
     system = None if body.system is msgspec.UNSET else body.system
-    return anthropic_conversation(model, system, body.messages)
+    return anthropic_conversation(model, system, body.messages, _tools(body))
 
 
 def _read_responses(model: str | None, body: Any) -> Conversation | None:
     if body.input is msgspec.UNSET:
         return None
     instructions = None if body.instructions is msgspec.UNSET else body.instructions
-    return responses_conversation(model, instructions, body.input)
+    return responses_conversation(model, instructions, body.input, _tools(body))
 
 
 @attrs.frozen

@@ -43,6 +43,9 @@ class Conversation:
     key: bytes
     turn: int | None = None
     """The answers already in it (0 on its first turn); ``None`` when the API has no turns."""
+    prefix: bytes | None = None
+    """The digest of what new conversations share: the model, the system prompt and the
+    tools, no user message (``None``: the API has none)."""
 
 
 @attrs.frozen

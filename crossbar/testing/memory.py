@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from crossbar.config import Config
 from crossbar.http import Channel, Site
 from crossbar.polling import HealthTable
+from crossbar.prefixes import PrefixKeeper
 from crossbar.proxy import ProxyContext, ProxyResource, RootResource
 from crossbar.queueing import Traffic, Waits
 from crossbar.stats import RequestRecord
@@ -131,9 +132,11 @@ class ClientLine:
 class MemoryProxy:
     """crossbar's proxy for ``config``, in memory, with every host healthy and listing
     ``models`` (loaded). ``records`` are the requests that ended, as the access log,
-    metrics and recent window get them."""
+    metrics and recent window get them. ``prefixes`` saves and restores shared prefixes."""
 
-    def __init__(self, config: Config, models: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, config: Config, models: tuple[str, ...] = (), prefixes: PrefixKeeper | None = None
+    ) -> None:
         self.clock = MemoryReactorClock()
         self.config = config
         self.table = HealthTable(config.urls, self.clock, config.settings)
@@ -147,8 +150,9 @@ class MemoryProxy:
         self.waits = Waits(self.traffic, self.table, self.clock)
         self.waits.configure(config)
         context = ProxyContext(
-            config, self.table, self.traffic, self.upstreams, self.clock, self, self.waits
-        )
+            config, self.table, self.traffic, self.upstreams, self.clock, self, self.waits,
+            prefixes=prefixes,
+        )  # fmt: skip
         proxy = ProxyResource(context)
         self.site = Site(
             RootResource(proxy), proxy=proxy, limits=config.limits, reactor=self.clock,

@@ -148,6 +148,7 @@ async def test_status_json_has_every_host_and_route(desk: Desk) -> None:
             "top": [],
             "others": {"flows": 0, "share": 0, "requests": 0},
         },
+        "prefixes": {"shared": [], "hosts": []},  # built without a service: none kept
         "worker": None,
         "hosts": {
             "gpu-a": {

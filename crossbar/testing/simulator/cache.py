@@ -120,6 +120,7 @@ class _Slot:
     tokens: Tokens = ()
     busy: bool = False
     last_used: int = -1
+    task: int | None = None  # the last request it took, as ``/slots`` shows ``id_task``
 
 
 class PromptCache:
@@ -135,7 +136,7 @@ class PromptCache:
         self.similarity = similarity
         self._slots = [_Slot(i) for i in range(slots)]
         self._saved: deque[Tokens] = deque()
-        self._releases = 0
+        self._releases = self._tasks = 0
 
     @property
     def state(self) -> CacheState:
@@ -159,6 +160,7 @@ class PromptCache:
         if reused == len(tokens) and reused > 0:
             reused -= 1  # one token is evaluated to get the logits of the answer's first
         slot.tokens, slot.busy = tokens[:reused], True
+        slot.task, self._tasks = self._tasks, self._tasks + 1
         return Prefill(self.model, slot.id, reused, len(tokens) - reused, restored)
 
     def finish(self, slot_id: int, tokens: Tokens) -> None:
@@ -166,6 +168,29 @@ class PromptCache:
         slot = self._slots[slot_id]
         slot.tokens, slot.busy = tokens, False
         slot.last_used, self._releases = self._releases, self._releases + 1
+
+    def listing(self) -> list[dict[str, object]]:
+        """``GET /slots``: each slot, with ``id_task`` and its tokens once it took a request
+        (a restore shows in neither, as on llama-server)."""
+        listed: list[dict[str, object]] = []
+        for s in self._slots:
+            listed.append({"id": s.id, "is_processing": s.busy})
+            if s.task is not None:
+                listed[-1] |= {"id_task": s.task, "n_prompt_tokens": len(s.tokens)}
+        return listed
+
+    def held(self, slot_id: int) -> Tokens:
+        """What slot ``slot_id`` holds (``action=save``)."""
+        return self._slots[slot_id].tokens
+
+    def restore(self, slot_id: int, tokens: Tokens) -> bool:
+        """``action=restore``: the idle slot ``slot_id`` holds ``tokens`` now; ``False``
+        when it is busy."""
+        slot = self._slots[slot_id]
+        if slot.busy:
+            return False
+        slot.tokens = tokens
+        return True
 
     def _choose(self, tokens: Tokens) -> tuple[_Slot | None, bool]:
         """The slot for ``tokens`` and whether its contents go to host memory first."""

@@ -29,7 +29,6 @@ from crossbar.testing.simulator.models import ModelTable
 from crossbar.testing.simulator.recorded import Fault, RecordedRequest
 from crossbar.testing.simulator.replies import (
     METRICS,
-    SLOTS,
     HttpError,
     dumps,
     model_props,
@@ -37,6 +36,7 @@ from crossbar.testing.simulator.replies import (
     router_props,
     single_models,
 )
+from crossbar.testing.simulator.savedslots import SlotFiles, slots_listing
 from crossbar.testing.simulator.slots import ModelSlots
 
 ANSWER_KEPT = 65_536
@@ -47,20 +47,19 @@ class SimulatedHost:
     """One simulated llama-server host, in router mode unless ``router=False``.
 
     ``models`` maps model ids to ``loaded``, ``loading`` or ``unloaded``. Every setting below
-    is a plain attribute that a test may change at any time; it applies from the next request
-    (``chunk_interval`` from the next token).  An answer ends by itself after ``chunks``
-    tokens, or with ``chunks=None`` after 8 to 60 as the seed and prompt decide (see
-    ``completions.natural_length``); a request's token limit only cuts it shorter.
+    is an attribute a test may change at any time, from the next request (``chunk_interval``
+    from the next token). An answer ends after ``chunks`` tokens, or with ``chunks=None`` after
+    8 to 60 as seed and prompt decide (``completions.natural_length``), or at its limit.
 
     Each model server has ``slots`` slots of ``ctx`` tokens (see ``window``: a number, one
     per model, or ``None``: no limit) and a host-memory cache of ``cache_ram`` tokens (0:
     none), and reuses a prompt's cached prefix as llama-server does (see ``cache``); the rest
     of the prompt takes ``prefill_time`` seconds a token (0 by default) before the answer
-    starts; a request waits while every slot is busy.  ``prefills`` records each.
+    starts; a request waits while every slot is busy.  ``prefills`` records each. Slots are
+    saved and restored once ``saved_slots.enabled`` (``--slot-save-path``).
 
-    Loading past ``models_max`` evicts the least recently used idle model; while every
-    loaded model has requests in flight, a request for another model waits until one is
-    idle (llama.cpp since PR 26572). ``loads`` and ``evictions`` count them.
+    Loading past ``models_max`` evicts the least recently used idle model; a request for
+    another model waits while every loaded one is busy (llama.cpp since PR 26572).
     """
 
     def __init__(
@@ -101,6 +100,7 @@ class SimulatedHost:
         self.error_status = 500
         self.reset_after = 2
         self.fail_loads: set[str] = set()
+        self.saved_slots = SlotFiles()  # .enabled: started with --slot-save-path
         self.slots = slots  # -np; a new number starts every model's cache afresh
         self.cache_ram = cache_ram  # tokens of prompts kept in host memory (--cache-ram)
         self.prefill_time = prefill_time  # seconds a prompt token not found in the cache
@@ -157,8 +157,7 @@ class SimulatedHost:
         return self._table.room_waits
 
     def counts(self) -> dict[str, object]:
-        """Loads, evictions and room waits, as ``GET /_simulator/counts`` tells them (a
-        path of the simulator's own: a benchmark in another process reads them there)."""
+        """Loads, evictions and room waits, as ``GET /_simulator/counts`` tells benchmarks."""
         return {"loads": self.loads, "evictions": self.evictions, "room_waits": self.room_waits}
 
     def status(self, model_id: str) -> str:
@@ -174,18 +173,16 @@ class SimulatedHost:
         return None if cache is None else cache.state
 
     def paths(self) -> list[str]:
-        return [r.path for r in self.requests]
+        return [recorded.path for recorded in self.requests]
 
     def wait_connection_closed(self) -> Deferred[None]:
         """Fires when the next client connection closes."""
-        d: Deferred[None] = Deferred()
-        self._closed_waiters.append(d)
+        self._closed_waiters.append(d := Deferred[None]())
         return d
 
     def wait_request(self) -> Deferred[RecordedRequest]:
         """Fires with the next request received (after it is recorded)."""
-        d: Deferred[RecordedRequest] = Deferred()
-        self._request_waiters.append(d)
+        self._request_waiters.append(d := Deferred[RecordedRequest]())
         return d
 
     def listen(
@@ -279,6 +276,10 @@ class SimulatedHost:
             body = serving.json_body(request)
             await self._model(request, body)
             serving.send(request, 200, dumps(apis.counted(COUNT[path], body)))
+        elif method == "POST" and path.startswith("/slots/"):
+            name = await self._model(request, body := serving.json_body(request))
+            server = self._table.models[name if self.router else self._single_model()]
+            self.saved_slots.act(self._slots.running(server.id, server.port), request, body)
         elif method == "GET" and path in ("/props", "/slots", "/metrics"):
             await self._info(request, path)
         elif method == "GET" and path == "/_simulator/counts":
@@ -295,8 +296,7 @@ class SimulatedHost:
     async def _ready(self, request: Request, name: str, *, touch: bool) -> None:
         """The router's check of a requested model; it loads the model unless told not to
         (``autoload`` other than ``true`` or ``1``, as the router reads it)."""
-        asked = serving.query(request, "autoload")
-        autoload = asked in ("", "true", "1")
+        autoload = serving.query(request, "autoload") in ("", "true", "1")
         await self._table.ready(name, autoload=autoload, touch=touch)
 
     async def _info(self, request: Request, path: str) -> None:
@@ -312,9 +312,10 @@ class SimulatedHost:
             await self._ready(request, name, touch=False)
         if path == "/props":
             ctx = window.props_window(window.window_of(self.ctx, name))
-            serving.send(request, 200, dumps(model_props(name, self.slots, ctx)))
+            started = self._table.models[name].port  # new at each load: a marker of the start
+            serving.send(request, 200, dumps(model_props(name, self.slots, ctx, started)))
         elif path == "/slots":
-            serving.send(request, 200, dumps(SLOTS))
+            serving.send(request, 200, dumps(slots_listing(self._slots.cache(name))))
         else:
             serving.send(request, 200, METRICS, b"text/plain; version=0.0.4")
 

@@ -41,7 +41,8 @@ METRICS = (
     b"# TYPE llamacpp:requests_processing gauge\n"
     b"llamacpp:requests_processing 0\n"
 )
-SLOTS = [{"id": 0, "id_task": -1, "n_ctx": 4096, "is_processing": False}]
+SLOTS: list[dict[str, object]] = [{"id": 0, "n_ctx": 4096, "is_processing": False}]
+"""A model server's ``/slots`` before its first request (the simulator lists one slot)."""
 
 
 class HttpError(Exception):
@@ -193,13 +194,15 @@ def router_props(models_max: int) -> dict[str, Any]:
     }
 
 
-def model_props(name: str, slots: int, window: int = 4096) -> dict[str, Any]:
-    """One model's ``/props``: ``total_slots`` is its ``-np``, ``n_ctx`` a slot's window."""
+def model_props(name: str, slots: int, window: int = 4096, started: int = 0) -> dict[str, Any]:
+    """One model's ``/props``: ``total_slots`` is its ``-np``, ``n_ctx`` a slot's window,
+    ``media_marker`` random at each start of its server (here: ``started``, its port)."""
     return {
         "default_generation_settings": {"id": 0, "n_ctx": window, "params": {}},
         "total_slots": slots,
         "model_alias": name,
         "model_path": f"/m/{name}.gguf",
         "build_info": BUILD_INFO,
+        "media_marker": f"<__media_{started}__>",
         "is_sleeping": False,
     }

@@ -44,6 +44,10 @@ class ModelSlots:
         server = self._servers.get(model)
         return None if server is None else server.cache
 
+    def running(self, model: str, port: int) -> PromptCache:
+        """The cache of ``model``'s server, listening on ``port`` (started afresh if need be)."""
+        return self._server(model, port).cache
+
     async def take(self, model: str, port: int, tokens: Tokens) -> tuple[PromptCache, Prefill]:
         """A slot for ``tokens`` on ``model``'s server (listening on ``port``), once one is free."""
         while True:

@@ -382,3 +382,49 @@ def test_the_apis_never_share_a_key() -> None:
     """The same words through chat and through Messages are two prompts on a host."""
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert key(chat) != key(json.dumps(chat).encode(), MESSAGES_PATH)
+
+
+# -- the prefix new conversations share ----------------------------------------------------
+
+
+def prefix(body: dict[str, Any], path: bytes = CHAT) -> bytes | None:
+    found = read(body, path)
+    return None if found is None else found.prefix
+
+
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+
+
+def test_new_chats_of_one_agent_share_a_prefix_but_not_a_key() -> None:
+    one = {"messages": [SYSTEM, {"role": "user", "content": "fix the tests"}], "tools": TOOLS}
+    two = {"messages": [SYSTEM, {"role": "user", "content": "write the docs"}], "tools": TOOLS}
+    assert key(one) != key(two)
+    assert prefix(one) == prefix(two) is not None
+    later = {**one, "messages": [*one["messages"], {"role": "assistant", "content": "ok"}]}
+    assert prefix(later) == prefix(one)
+
+
+def test_other_tools_or_another_system_prompt_are_another_prefix() -> None:
+    one = {"messages": [SYSTEM, {"role": "user", "content": "go"}], "tools": TOOLS}
+    fewer = {**one, "tools": TOOLS[:0]}
+    other = {**one, "messages": [{"role": "system", "content": "short"}, one["messages"][1]]}
+    assert len({prefix(one), prefix(fewer), prefix(other)}) == 3
+
+
+def test_claude_codes_billing_nonce_changes_no_prefix() -> None:
+    def body(nonce: str, first: str) -> dict[str, Any]:
+        system = f"x-anthropic-billing-header: cc_version=2.1; cch={nonce};You are Claude Code."
+        return {"system": system, "messages": [{"role": "user", "content": first}], "tools": TOOLS}
+
+    assert (
+        prefix(body("a1", "fix"), MESSAGES_PATH)
+        == prefix(body("b2", "docs"), MESSAGES_PATH)
+        is not None
+    )
+
+
+def test_responses_share_a_prefix_through_their_instructions() -> None:
+    one = {"instructions": "You are Codex.", "input": "say hi", "tools": TOOLS}
+    two = {"instructions": "You are Codex.", "input": "say bye", "tools": TOOLS}
+    assert key(one, RESPONSES_PATH) != key(two, RESPONSES_PATH)
+    assert prefix(one, RESPONSES_PATH) == prefix(two, RESPONSES_PATH) is not None

@@ -1,0 +1,214 @@
+"""Saving a slot that holds a popular shared prefix on a host, and restoring it into a free
+slot there before a new conversation's first turn.
+
+llama-server's slots share no KV: each new conversation of an agent prefills the agent's
+system prompt and tools again, in an empty slot. A host started with ``--slot-save-path``
+can save a slot to a file and restore it into another slot in milliseconds; a new
+conversation then takes the restored slot by the host's own prompt-similarity choice and
+prefills only its own tokens.
+
+- After a popular prefix's new conversation ran on a host (:meth:`PrefixKeeper.finished`),
+  the host's idle slot used last (``GET /slots``: the highest ``id_task``) is saved, once per
+  model and build (``/props`` ``build_info``).
+- Before a new conversation's first turn (:meth:`PrefixKeeper.before`), a prefix saved on
+  its host is restored into a slot that has never held a prompt: never into one that holds
+  a live conversation's cache; when none is free, nothing is added on the turn's way.
+
+Through a router the ``POST /slots/N?action=...`` asks carry the model in the body (this
+build's router reads a POST's model from its body, and answers ``400 model name is missing``
+to ``?model=``); ``GET /slots`` and ``/props`` carry it as ``?model=``. A failure costs the
+request nothing but a log line, and backs off for that host (:mod:`crossbar.prefixes.saves`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import msgspec
+import treq
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from crossbar.prefixes.counts import PrefixCounts
+from crossbar.prefixes.saves import Key, PrefixSaves
+from crossbar.routing import Conversation
+
+log = Logger()
+
+MIN_TOKENS = 64
+"""A saved prefix shorter than this is never restored: too short to gain from."""
+TIMEOUT = 2.0
+"""Seconds a restore may hold a turn (it takes milliseconds): past them the turn goes."""
+
+
+class HTTPClient(Protocol):
+    """The part of treq's ``HTTPClient`` (or ``StubTreq``) the keeper uses."""
+
+    def get(self, url: str, /, *, headers: Any = ...) -> Deferred[Any]: ...
+
+    def post(self, url: str, /, *, data: Any = ..., headers: Any = ...) -> Deferred[Any]: ...
+
+
+class _Slot(msgspec.Struct, gc=False):
+    id: int
+    is_processing: bool = False
+    id_task: int | None = None
+    n_prompt_tokens: int = 0
+
+
+_SLOTS = msgspec.json.Decoder(list[_Slot])
+
+
+class _Answer(msgspec.Struct, gc=False):
+    n_saved: int = 0
+    n_restored: int = 0
+
+
+class _Props(msgspec.Struct, gc=False):
+    build_info: str = ""
+    media_marker: str = ""
+    """Random, new at every start of the model's server: tells a reload."""
+
+
+class _Failed(Exception):
+    """A save or restore that did not happen; its words say why."""
+
+
+class _Refused(_Failed):
+    """The host has no ``--slot-save-path``."""
+
+
+class PrefixKeeper:
+    """Saves popular shared prefixes on hosts, and restores them before new conversations."""
+
+    def __init__(
+        self,
+        client: HTTPClient,
+        urls: Mapping[str, str],
+        clock: IReactorTime,
+        saves: PrefixSaves,
+        counts: PrefixCounts | None = None,
+        headers: Mapping[str, Mapping[bytes, list[bytes]]] | None = None,
+    ) -> None:
+        self._client, self._urls, self._clock = client, urls, clock
+        self.saves, self.counts = saves, counts or PrefixCounts()
+        self._headers = headers or {}
+
+    def before(
+        self, route: str, model: str | None, host: str, conversation: Conversation | None
+    ) -> Deferred[None] | None:
+        """Before a turn is sent to ``host``: for a new conversation whose prefix is saved
+        there, the restore (it never fails); ``None``: the turn goes at once."""
+        if conversation is None or conversation.prefix is None or model is None:
+            return None
+        if conversation.turn != 0:
+            return None
+        now = self._clock.seconds()
+        self.counts.saw(route, model, conversation.prefix, now)
+        if not self.saves.may_ask(host, now) or not self.saves.holds(
+            host, model, conversation.prefix
+        ):
+            return None
+        restoring = Deferred.fromCoroutine(self._guarded(host, model, conversation.prefix, True))
+        return restoring.addTimeout(TIMEOUT, self._clock)
+
+    def finished(
+        self, route: str, model: str | None, host: str, conversation: Conversation | None, ok: bool
+    ) -> Deferred[None] | None:
+        """A turn on ``host`` ended (``ok``: answered whole): the first turn of a popular
+        prefix not yet saved there has its slot saved."""
+        if not ok or conversation is None or conversation.prefix is None or model is None:
+            return None
+        now = self._clock.seconds()
+        if conversation.turn != 0 or not self.saves.may_ask(host, now):
+            return None
+        if not self.counts.popular(route, model, conversation.prefix, now):
+            return None
+        return Deferred.fromCoroutine(self._guarded(host, model, conversation.prefix, False))
+
+    async def _guarded(self, host: str, model: str, prefix: bytes, restore: bool) -> None:
+        what = "restore" if restore else "save"
+        try:
+            if restore:
+                await self._restore(host, model, prefix)
+            else:
+                await self._save(host, model, prefix)
+        except _Refused:
+            self.saves.refused(host, self._clock.seconds())
+            log.info("host {host} keeps no saved slots (no --slot-save-path)", host=host)
+        except Exception as e:
+            if isinstance(e, CancelledError):
+                e = _Failed(f"no answer within {TIMEOUT:g}s")
+            wait = self.saves.failed(host, self._clock.seconds())
+            log.warn(
+                "prefix {what} of model {model} on host {host} failed: {why}; not tried"
+                " there for {wait:g}s",
+                what=what, model=model, host=host, why=str(e) or type(e).__name__, wait=wait,
+            )  # fmt: skip
+
+    async def _restore(self, host: str, model: str, prefix: bytes) -> None:
+        key = await self._key(host, model, prefix)
+        saved = None if key is None else self.saves.find(host, key)
+        if saved is None or saved.tokens < MIN_TOKENS:
+            return
+        free = [s for s in await self._slots(host, model) if _never_used(s)]
+        if not free:
+            return  # every slot holds a prompt: nothing is restored over one
+        await self._action(host, model, free[0].id, "restore", saved.name)
+        self.saves.restored(host)
+
+    async def _save(self, host: str, model: str, prefix: bytes) -> None:
+        key = await self._key(host, model, prefix)
+        if key is None or self.saves.find(host, key) is not None:
+            return
+        idle = [
+            s for s in await self._slots(host, model) if not s.is_processing and s.n_prompt_tokens
+        ]
+        if not idle:
+            return
+        last = max(idle, key=lambda s: s.id_task or 0)
+        name = self.saves.name_for(host, key)
+        answer = await self._action(host, model, last.id, "save", name)
+        self.saves.saved(host, key, name, answer.n_saved)
+
+    async def _key(self, host: str, model: str, prefix: bytes) -> Key | None:
+        """The saved prefix's key: the model, its server's build and start (``/props``
+        ``build_info`` and ``media_marker``, random at each load), the digest; ``None``
+        while the model is not loaded (a router answers ``400``, loading nothing)."""
+        code, body = await self._get(host, f"/props?model={quote(model, safe='')}&autoload=false")
+        if code == 400:
+            return None
+        if code != 200:
+            raise _Failed(f"/props answered {code}")
+        props = msgspec.json.decode(body, type=_Props)
+        return (model, f"{props.build_info} {props.media_marker}", prefix)
+
+    async def _slots(self, host: str, model: str) -> list[_Slot]:
+        code, body = await self._get(host, f"/slots?model={quote(model, safe='')}")
+        if code != 200:
+            raise _Failed(f"/slots answered {code}")
+        return _SLOTS.decode(body)
+
+    async def _get(self, host: str, path: str) -> tuple[int, bytes]:
+        response = await self._client.get(self._urls[host] + path, headers=self._headers.get(host))
+        return response.code, await treq.content(response)
+
+    async def _action(self, host: str, model: str, slot: int, action: str, name: str) -> _Answer:
+        url = f"{self._urls[host]}/slots/{slot}?action={action}"
+        data = msgspec.json.encode({"filename": name, "model": model})
+        headers = {b"Content-Type": [b"application/json"], **self._headers.get(host, {})}
+        response = await self._client.post(url, data=data, headers=headers)
+        body = await treq.content(response)
+        if response.code == 501:
+            raise _Refused
+        if response.code != 200:
+            raise _Failed(f"{action} answered {response.code}")
+        return msgspec.json.decode(body, type=_Answer)
+
+
+def _never_used(slot: _Slot) -> bool:
+    """A slot that holds no prompt: idle, and never given a task (or one of no tokens)."""
+    return not slot.is_processing and (slot.id_task is None or slot.n_prompt_tokens == 0)
