@@ -277,6 +277,33 @@ def alias_entries(
     return entries
 
 
+MAX_LISTING_BYTES = 1 << 20
+"""Longest host's model list that a forwarded ``GET /v1/models`` reads whole to add the
+windows: a longer one is relayed as it came."""
+
+
+def with_windows(body: bytes, windows: Mapping[str, int]) -> dict[str, Any] | None:
+    """A host's own model list (``body``, as it sent it) with each model's slot window on
+    that host added (:func:`window_fields`) where crossbar knows it; ``None`` when it is not
+    an OpenAI model list, or names no model whose window is known: then it goes as it came.
+    Fields the host set itself are kept."""
+    try:
+        listing = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        return None
+    added = False
+    for entry in data:
+        model = entry.get("id") if isinstance(entry, dict) else None
+        window = windows.get(model) if isinstance(model, str) else None
+        if window is not None:
+            entry.update({k: v for k, v in window_fields(window).items() if k not in entry})
+            added = True
+    return listing if added else None
+
+
 def window_fields(window: int) -> dict[str, int]:
     """A model's window in the fields clients of ``/v1/models`` look for: ``context_length``
     (OpenRouter's, read by OpenAI-compatible clients), ``max_model_len`` (vLLM's),

@@ -33,6 +33,7 @@ from crossbar.http import (
     lender_of,
     when_over,
 )
+from crossbar.polling import MAX_LISTING_BYTES as LISTED
 from crossbar.polling import merged_listing
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked, read_request, route_of
@@ -264,6 +265,10 @@ class Exchange(AnswerRelay):
         if fit.holds(response.code, response.length) and self._on(Event.HEAD_HELD):
             # the head's deadline goes on: the rest of a short body is due with it
             self._held = RefusalBody(lambda body, whole: self._refused(response, body, whole))
+            response.deliverBody(self._held)
+            return
+        if self._lists_windows(response) and self._on(Event.HEAD_HELD):
+            self._held = RefusalBody(lambda b, whole: self._listed(response, b, whole), LISTED)
             response.deliverBody(self._held)
             return
         self._relay(response, response.deliverBody)

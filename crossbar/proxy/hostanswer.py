@@ -20,11 +20,13 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
 from crossbar.http import Deadline, answer_headers, answer_json, release_body, stopping
+from crossbar.polling import with_windows
 from crossbar.proxy.context import ProxyContext
 from crossbar.proxy.demand import Asked
 from crossbar.proxy.outcome import Outcome, answer_reader
 from crossbar.proxy.permits import load_watched
 from crossbar.proxy.phases import ENDED, Event, Phase
+from crossbar.proxy.refusalbody import RefusalBody
 from crossbar.proxy.relay import FirstContent, StreamBody
 from crossbar.upstream import Discard, Response, describe
 
@@ -42,6 +44,7 @@ class AnswerRelay:
     _forward_body: bytes | None
     _deadline: Deadline | None
     _body: StreamBody | None
+    _held: RefusalBody | None
     _on: Callable[[Event], bool]
     _stop_deadline: Callable[[], None]
     fail: Callable[..., None]
@@ -166,6 +169,35 @@ class AnswerRelay:
             return
         request.write(error_event(self.demand.api, payload))
         request.finish()
+
+    def _lists_windows(self, response: Response) -> bool:
+        """Whether ``response`` is a host's own model list (a forwarded ``GET /v1/models``)
+        that crossbar can give the windows it knows of that host's models, read whole first."""
+        host = self.outcome.host
+        return (
+            response.code == 200
+            and self.outcome.path == b"/v1/models"
+            and self.request.method == b"GET"
+            and host is not None
+            and bool(self.proxy.table.view[host].windows)
+        )
+
+    def _listed(self, response: Response, body: bytes, whole: bool) -> None:
+        """A host's model list, read: answered with each model's window added
+        (:func:`crossbar.polling.with_windows`), or relayed as it came."""
+        held, self._held, host = self._held, None, self.outcome.host
+        assert held is not None and host is not None
+        if self.phase is not Phase.HOLDING:  # the client left, or no answer in time
+            held.stop()
+            return
+        windows = self.proxy.table.view[host].windows
+        listing = with_windows(body, windows) if whole else None
+        if listing is None:
+            self._relay(response, held.hand_over)
+            return
+        self._stop_deadline()
+        self._on(Event.ANSWERED_HERE)
+        answer_json(self.request, 200, listing, host)
 
     # -- streaming -------------------------------------------------------------------------
 

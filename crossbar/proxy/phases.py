@@ -25,7 +25,9 @@ class Phase(enum.Enum):
     HOLDING = "reading what may be a refusal"
     """The host's head is a short ``400``: its body is read whole before anything reaches
     the client, for it may refuse a prompt too long for the host's window
-    (:mod:`crossbar.proxy.overflow`); then tried elsewhere, answered, or relayed."""
+    (:mod:`crossbar.proxy.overflow`); then tried elsewhere, answered, or relayed. A host's
+    own model list (a forwarded ``GET /v1/models``) is read whole here too, to be answered
+    with the windows crossbar knows added."""
     OPENING = "waiting for the answer's first content"
     """The host's head came, but nothing a client parses has reached the client: the head
     and SSE comments may go out to keep its connection alive, and a host that fails now

@@ -20,9 +20,12 @@ from crossbar.proxy.overflow import MAX_REFUSAL_BYTES
 
 
 class RefusalBody(Protocol):
-    """Holds an answer's first :data:`MAX_REFUSAL_BYTES` bytes, then tells ``read``."""
+    """Holds an answer's first ``limit`` bytes (:data:`MAX_REFUSAL_BYTES` unless told),
+    then tells ``read``: also used for a host's model list, given its windows
+    (:meth:`~crossbar.proxy.hostanswer.AnswerRelay._listed`)."""
 
-    def __init__(self, read: Callable[[bytes, bool], None]) -> None:
+    def __init__(self, read: Callable[[bytes, bool], None], limit: int = MAX_REFUSAL_BYTES) -> None:
+        self._limit = limit
         self._read: Callable[[bytes, bool], None] | None = read
         self._held: list[bytes] = []
         self._size = 0
@@ -35,7 +38,7 @@ class RefusalBody(Protocol):
             return
         self._held.append(data)
         self._size += len(data)
-        if self._size > MAX_REFUSAL_BYTES:
+        if self._size > self._limit:
             self._tell(whole=False)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:

@@ -431,3 +431,17 @@ def test_merged_listing_lists_each_alias_after_the_models_with_what_it_stands_fo
         "alias_of": "m1",
     }
     assert (gpt["alias_of"], gpt["owned_by"], gpt["status"]) == ("zz", "", {"value": "unloaded"})
+
+
+def test_a_host_s_own_list_gets_the_known_windows_and_keeps_its_own_fields() -> None:
+    from crossbar.polling import with_windows
+
+    body = b'{"data":[{"id":"a","context_length":999},{"id":"b"},{"id":7},"x"]}'
+    listing = with_windows(body, {"a": 4096, "b": 8192})
+    assert listing is not None
+    a, b, *_ = listing["data"]
+    assert a["context_length"] == 999 and a["max_input_tokens"] == 4096  # the host's own kept
+    assert b["max_model_len"] == 8192
+    assert with_windows(body, {"c": 1}) is None  # nothing to add
+    assert with_windows(b"not json", {"a": 1}) is None
+    assert with_windows(b'{"data": {}}', {"a": 1}) is None

@@ -3,6 +3,7 @@ and body, and what it says of its work), in memory (crossbar.testing.MemoryProxy
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -220,3 +221,38 @@ def test_a_4xx_after_another_host_s_head_went_out_never_enters_the_stream(
     received = client.received
     assert words not in received and received.count(b"HTTP/1.1") == 1
     assert b'data: {"error": {"message": "upstream failed' in received
+
+
+def list_models(proxy: MemoryProxy, listing: bytes) -> bytes:
+    """A forwarded ``GET /lab/v1/models`` that the host answers with ``listing``; the body
+    the client got."""
+    client = proxy.client()
+    client.send(b"GET /lab/v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    proxy.accept().send(head % len(listing) + listing)
+    return client.received.partition(b"\r\n\r\n")[2]
+
+
+LISTING = b'{"object":"list","data":[{"id":"m","object":"model"},{"id":"other","object":"model"}]}'
+
+
+def test_a_forwarded_model_list_carries_the_windows_crossbar_knows_of_that_host(
+    proxy: MemoryProxy,
+) -> None:
+    proxy.table.record_window("gpu-a", "m", 16384)
+    got = json.loads(list_models(proxy, LISTING))
+    m, other = got["data"]
+    assert m["context_length"] == m["max_input_tokens"] == m["context_window"] == 16384
+    assert "context_length" not in other  # no window known: as the host said it
+    assert proxy.records[-1].status == 200 and proxy.records[-1].host == "gpu-a"
+
+
+@pytest.mark.parametrize(
+    ("window", "listing"),
+    [(None, LISTING), (16384, b'{"models": "not a list"}'), (16384, b"not json")],
+)
+def test_a_model_list_with_no_window_known_or_not_a_list_goes_as_it_came(
+    proxy: MemoryProxy, window: int | None, listing: bytes
+) -> None:
+    proxy.table.record_window("gpu-a", "m", window)
+    assert list_models(proxy, listing) == listing
