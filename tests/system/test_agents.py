@@ -38,8 +38,6 @@ from tests.support.agents import (
     claude_settings,
     codex,
     codex_config,
-    install_claude,
-    install_codex,
 )
 
 DOC = REPO / "docs" / "clients.md"
@@ -48,16 +46,6 @@ PLACEHOLDER = "http://crossbar:7777"
 CROSSBAR_TIMEOUT = 30.0
 LOG_TIMEOUT = 10.0
 ALPHABET = "abcdefghijklmnopqrstuvwxyz" * 3
-
-
-@pytest.fixture(scope="module")
-def claude_bin() -> Path:
-    return install_claude()
-
-
-@pytest.fixture(scope="module")
-def codex_bin() -> Path:
-    return install_codex()
 
 
 @pytest.fixture(scope="module")

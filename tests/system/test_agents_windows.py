@@ -28,8 +28,6 @@ from tests.support.agents import (
     claude,
     claude_settings,
     codex,
-    install_claude,
-    install_codex,
     run_agent,
 )
 from tests.support.npm import sandbox_env
@@ -37,16 +35,6 @@ from tests.support.npm import sandbox_env
 MODEL = "qwen3-coder-30b"
 LOG_TIMEOUT = 10.0
 CROSSBAR_TIMEOUT = 30.0
-
-
-@pytest.fixture(scope="module")
-def claude_bin() -> Path:
-    return install_claude()
-
-
-@pytest.fixture(scope="module")
-def codex_bin() -> Path:
-    return install_codex()
 
 
 class Fleet:
