@@ -344,6 +344,7 @@ def main() -> None:
     add("--tokens", type=int, default=40, help="tokens of every answer (40)")
     add("--spread", type=float, default=0, help="tokens vary by this share per request (0)")
     add("--chunk-interval", type=float, default=0.05, help="simulator: seconds a token (0.05)")
+    add("--workers", type=int, default=1, help="crossbar's workers: (1)")
     add("--warmup", type=float, default=0, help="waits: leave out requests sent before (0 s)")
     add("--runs", default=",".join(RUNS), help="runs, in order (idle,queue: false,queue)")
     add("--real", action="store_true", help="real llama-server hosts (-np SLOTS), tiny model")

@@ -4,24 +4,27 @@ with one named key per flow in front of them, started fresh for each run and sto
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.affinity_fleet import MODEL, ROUTE, fleet_ready, get_json, start_host
+from benchmarks.affinity_fleet import MODEL, ROUTE, get_json, start_host
 from tests.support import REPO, Daemon, free_port, start_daemon
 
 HEAVY, LIGHT = "heavy", ("light-1", "light-2", "light-3")
 KEYS = {name: f"contention-{name}-0123456789abcdef" for name in (HEAVY, *LIGHT)}
 
 
-def crossbar_yaml(urls: Sequence[str], slots: int, queue: bool) -> str:
+def crossbar_yaml(urls: Sequence[str], slots: int, queue: bool, workers: int = 1) -> str:
     names = [f"gpu-{i + 1}" for i in range(len(urls))]
-    lines = ["log_format: json", "poll_interval: 250ms", "hosts:"]
+    lines = ["log_format: json", "poll_interval: 250ms", f"workers: {workers}", "hosts:"]
     for name, url in zip(names, urls, strict=True):
         lines += [f"  {name}:", f"    url: {url}", f"    slots: {slots}"]
     lines += [
@@ -35,6 +38,21 @@ def crossbar_yaml(urls: Sequence[str], slots: int, queue: bool) -> str:
         *(f'      - {{name: {name}, key: "{key}"}}' for name, key in KEYS.items()),
     ]
     return "\n".join(lines) + "\n"
+
+
+def fleet_ready(proxy: Daemon, count: int) -> bool:
+    """True once crossbar has seen every host healthy with the model loaded (the pages take
+    the route's keys)."""
+    request = urllib.request.Request(f"{proxy.url}/_crossbar/status")
+    request.add_header("Authorization", f"Bearer {KEYS[HEAVY]}")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            hosts = json.load(response).get("hosts", {})
+    except (OSError, ValueError):
+        return False
+    return len(hosts) == count and all(
+        h["healthy"] and MODEL in h["loaded"] for h in hosts.values()
+    )
 
 
 def start_simulator(args: argparse.Namespace, workdir: Path) -> tuple[Daemon, list[str]]:
@@ -70,9 +88,12 @@ def fleet(args: argparse.Namespace, queue: bool, real: Any) -> Iterator[Daemon]:
             hosts += [start_host(args, binary, model, workdir) for _ in range(args.hosts)]
             urls = [host.url for host in hosts]
         (workdir / "crossbar").mkdir()
-        proxy = start_daemon(workdir / "crossbar", crossbar_yaml(urls, args.slots, queue))
+        config = crossbar_yaml(urls, args.slots, queue, args.workers)
+        proxy = start_daemon(workdir / "crossbar", config)
         if not proxy.wait(lambda: fleet_ready(proxy, len(urls)), 30):
             raise SystemExit(f"contention.py: crossbar never saw every host up:\n{proxy.log()}")
+        if args.workers > 1:
+            time.sleep(3)  # the other workers start, poll and join worker 0's count
         yield proxy
     finally:
         for daemon in ([proxy] if proxy else []) + hosts:

@@ -117,8 +117,7 @@ class SimulatedHost:
         self._table = ModelTable(reactor, self, models)
         self._slots = ModelSlots(self)
         self._port: IListeningPort | None = None
-        self._port_number = 0
-        self._interface = "127.0.0.1"
+        self._port_number, self._interface = 0, "127.0.0.1"
         self._closed_waiters: list[Deferred[None]] = []
         self._request_waiters: list[Deferred[RecordedRequest]] = []
         site = serving.QuietSite(self.resource, timeout=idle_timeout, reactor=reactor)
@@ -157,8 +156,9 @@ class SimulatedHost:
         return self._table.room_waits
 
     def counts(self) -> dict[str, object]:
-        """Loads, evictions and room waits, as ``GET /_simulator/counts`` tells benchmarks."""
-        return {"loads": self.loads, "evictions": self.evictions, "room_waits": self.room_waits}
+        """Loads, evictions, room waits, most queued in the host: ``GET /_simulator/counts``."""
+        return {"loads": self.loads, "evictions": self.evictions, "room_waits": self.room_waits,
+                "most_waiting_in_host": self._slots.most_waiting}  # fmt: skip
 
     def status(self, model_id: str) -> str:
         return self._table.models[model_id].status

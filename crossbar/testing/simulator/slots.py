@@ -39,6 +39,8 @@ class ModelSlots:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._servers: dict[str, _Server] = {}
+        self.most_waiting = 0
+        """The most requests that ever waited at once in one model server's own queue."""
 
     def cache(self, model: str) -> PromptCache | None:
         server = self._servers.get(model)
@@ -57,6 +59,7 @@ class ModelSlots:
                 return server.cache, prefill
             turn: Deferred[None] = Deferred()
             server.waiting.append(turn)
+            self.most_waiting = max(self.most_waiting, len(server.waiting))
             try:
                 await turn
             except CancelledError:

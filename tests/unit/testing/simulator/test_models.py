@@ -92,4 +92,9 @@ async def test_a_benchmark_reads_the_counts_from_the_simulators_own_path() -> No
     _step(clock, stub, 1.5)
     code, counts = await get_json(stub, "/_simulator/counts")
     assert code == 200
-    assert counts == {"loads": {"b": 1}, "evictions": {"a": 1}, "room_waits": 1}
+    assert counts == {
+        "loads": {"b": 1},
+        "evictions": {"a": 1},
+        "room_waits": 1,
+        "most_waiting_in_host": 0,
+    }
