@@ -4,7 +4,7 @@
                                       [--features] [--streams K] [--chunks 50] [--out FILE]
                                       [--python-before PY] [--python-after PY]
                                       [--route-before "KEY: VALUE"] [--route-after ...]
-                                      [--slots N]
+                                      [--slots N] [--workers N]
 
 BEFORE_DIR and AFTER_DIR each hold a ``crossbar`` package and twistd's plugin
 (``git archive HEAD crossbar twisted | tar -x -C /tmp/before``; ``cp -r crossbar twisted
@@ -18,7 +18,8 @@ cent shows here when a full ``run.py`` of each, minutes apart, would hide it.
 interpreter (its ``twistd``); ``--route-before`` and ``--route-after`` add keys to a side's
 route (``"queue: false"``), so that one tree can be measured with a feature and without;
 ``--slots N`` gives the host ``slots: N`` on both sides (the fair queue then counts slots
-on every request, as on a fleet whose hosts say theirs).
+on every request, as on a fleet whose hosts say theirs); ``--workers N`` runs both with
+``workers: N`` (CPU summed over every worker).
 
 Each run prints crossbar's CPU per request (``wrk``, 64 connections) or per chunk
 (``--streams K``: K concurrent streams of ``--chunks`` chunks: a stream's own request is
@@ -30,6 +31,7 @@ before).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,16 +43,19 @@ from typing import Any
 
 from harness import KEY, ROUTE, crossbar_config, crossbar_twistd, free_port, stop, wait_for
 from loads import run_streams, run_wrk
-from procstat import CLK_TCK
+from procstat import CLK_TCK, tree
 
 HERE = Path(__file__).resolve().parent
 
 
 def user_system(pid: int) -> tuple[int, int]:
-    """utime and stime of ``pid``, in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return int(fields[11]), int(fields[12])
+    """utime and stime of ``pid`` and its children (``workers: N``), in clock ticks."""
+    user = system = 0
+    for each in tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{each}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+    return user, system
 
 
 def start(
@@ -62,10 +67,11 @@ def start(
     features: bool,
     route: list[str],
     slots: int | None,
+    workers: int = 1,
 ) -> tuple[Any, int]:
     port = free_port()
     config = workdir / f"{name}.yaml"
-    crossbar_config(config, port, upstream, None, 1, features)
+    crossbar_config(config, port, upstream, None, workers, features)
     if slots is not None:
         url = f"http://127.0.0.1:{upstream}"
         text = config.read_text().replace(f": {url}\n", f": {{url: {url}, slots: {slots}}}\n")
@@ -84,6 +90,8 @@ def start(
         )
     ready = "/_crossbar/readyz" if features else f"/{ROUTE}/v1/models"
     wait_for(f"http://127.0.0.1:{port}{ready}", name, proc)
+    if workers > 1:
+        time.sleep(3)  # the other workers start and join worker 0's count
     return proc, port
 
 
@@ -114,6 +122,7 @@ def main() -> None:
     parser.add_argument("--route-before", action="append", default=[], help="a route key")
     parser.add_argument("--route-after", action="append", default=[], help="a route key")
     parser.add_argument("--slots", type=int, default=None, help="the host's slots (both)")
+    parser.add_argument("--workers", type=int, default=1, help="workers: N on both sides (1)")
     parser.add_argument("--python-before", type=Path, default=None, help="its interpreter")
     parser.add_argument("--python-after", type=Path, default=None, help="its interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
@@ -139,8 +148,9 @@ def main() -> None:
             )
             for name, src, python, route in sides:
                 procs[name], port = start(
-                    name, src, python, upstream_port, workdir, args.features, route, args.slots
-                )
+                    name, src, python, upstream_port, workdir, args.features, route, args.slots,
+                    args.workers,
+                )  # fmt: skip
                 urls[name] = f"http://127.0.0.1:{port}/{ROUTE}/v1/chat/completions"
                 run_wrk(urls[name], 1, 64, 2, key)  # warm: imports, pools, caches
                 run_streams(urls[name], 10, 5, 10, key=key)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from socket import gethostname
 from typing import Any
 
-from twisted.application.service import MultiService
+from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -43,16 +44,21 @@ from crossbar.pages import (
     gather_metrics,
     peer_secret,
     publish_port,
+    read_port,
 )
 from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
 from crossbar.proxy import ProxyContext, ProxyResource
-from crossbar.queueing import Waits
+from crossbar.queueing import Traffic, Waits
+from crossbar.sharing import Member, joining, keeping
 from crossbar.sites import PageResources, Private, Sites
 from crossbar.stats import AccessLog, Metrics, Observers
 from crossbar.upstream import describe
 from crossbar.usage import OneThread, UsageLedger, UsageQueries, UsageStore
 
 log = Logger()
+
+SLOTS_PORT_FILE = "slots.port"
+"""Where worker 0 writes the loopback port of its slot count, in the run directory."""
 
 __all__ = ["Crossbar", "announcement"]
 
@@ -86,7 +92,8 @@ class Crossbar(MultiService):
         access = AccessLog(self.table.knows, text=config.log_format == "text")
         observers = (self.metrics, self.recent, self.hourly, access)
         self._observer = Observers(*observers, *([self.usage] if self.usage else []))
-        self.waits = Waits(self.traffic, self.table, reactor)
+        self.share = _share(worker, self.traffic, reactor)
+        self.waits = Waits(self.traffic, self.table, reactor, self.share)
         self.prefix_saves = PrefixSaves(self._prefix_files)
         self.prefix_counts = PrefixCounts()
         self.proxy = ProxyResource(self._context(config))
@@ -101,6 +108,10 @@ class Crossbar(MultiService):
         self.metrics.count_connections(self.site)
         for service in (hosts.closer, self.poller, door):
             service.setServiceParent(self)
+        if self.share is not None and worker is not None:
+            self.share.waits = self.waits
+            self.metrics.registry.register(self.share)
+            _sharing(worker, self.share, reactor).setServiceParent(self)
         if shared:
             self.listener.listening.addCallback(self._accept_once_polled)
         if worker is None or worker.index == 0:
@@ -283,6 +294,24 @@ def _private(worker: WorkerInfo) -> Private:
     written where they find it."""
     where = worker.port_file(worker.index)
     return Private(peer_secret(worker), lambda port: publish_port(port, where))
+
+
+def _share(worker: WorkerInfo | None, traffic: Traffic, reactor: Any) -> Member | None:
+    """With workers, this worker's part in the fleet's one count of slots."""
+    if worker is None or worker.count < 2:
+        return None
+    member = Member(f"worker {worker.index}", traffic, reactor)
+    traffic.changed = member.changed
+    return member
+
+
+def _sharing(worker: WorkerInfo, member: Member, reactor: Any) -> Service:
+    """Worker 0 keeps the count (on a loopback port, for the others); the others join it."""
+    secret = peer_secret(worker).value.decode("ascii")
+    where = Path(worker.run_dir) / SLOTS_PORT_FILE
+    if worker.index == 0:
+        return keeping(reactor, member, secret, lambda port: publish_port(port, where))
+    return joining(reactor, member, secret, lambda: read_port(where))
 
 
 def _port(port: IListeningPort | None) -> int | None:

@@ -3,7 +3,7 @@ table, with HTML for people and JSON and Prometheus metrics for machines."""
 
 from crossbar.pages.app import StatusApp
 from crossbar.pages.models import ModelEvents
-from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port
+from crossbar.pages.peers import WorkerInfo, gather_metrics, peer_secret, publish_port, read_port
 
 __all__ = [
     "ModelEvents",
@@ -12,4 +12,5 @@ __all__ = [
     "gather_metrics",
     "peer_secret",
     "publish_port",
+    "read_port",
 ]

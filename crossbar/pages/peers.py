@@ -42,10 +42,9 @@ def peer_ports(info: WorkerInfo) -> Mapping[int, int]:
     for index in range(info.count):
         if index == info.index:
             continue
-        try:
-            ports[index] = int(info.port_file(index).read_text())
-        except (OSError, ValueError):
-            continue
+        port = read_port(info.port_file(index))
+        if port is not None:
+            ports[index] = port
     return ports
 
 
@@ -91,6 +90,14 @@ def publish_port(port: IListeningPort, path: Path) -> None:
     scratch = path.with_suffix(".tmp")
     scratch.write_text(str(port.getHost().port))  # type: ignore[attr-defined]
     scratch.replace(path)
+
+
+def read_port(path: Path) -> int | None:
+    """A port :func:`publish_port` wrote; ``None`` while there is none."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 async def gather_metrics(worker: WorkerInfo, own: bytes, client: Any) -> bytes:

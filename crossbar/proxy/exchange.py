@@ -150,7 +150,7 @@ class Exchange(AnswerRelay):
         exclude = outcome.tried + small + list(admitted.full)
         ask = Ask(demand.model, demand.conversation, exclude, proxy.clock.seconds())
         policy = proxy.traffic.policies.of(route)
-        choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.in_flight)
+        choice = policy.choose(route, ask, proxy.table.view, proxy.traffic.fleet_in_flight)
         if choice is None:
             if last_error is None:
                 full = admitted.full if isinstance(admitted, Go) else ()

@@ -11,6 +11,7 @@ outnumber the live ones. Values only, no I/O.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
@@ -54,6 +55,12 @@ Entry = tuple[int, int, float, int, int, Lane]
 """Band, in flight, ``v``, the lane's first request's number, a tie-break; the lane."""
 
 
+Head = tuple[int, int, float, str]
+"""A pool's first waiting request as every worker orders it: its band (lower first), its
+flow's requests in flight (in this worker; across them all, once compared), when it came
+(the clock's seconds), and its flow's name."""
+
+
 def age(order: deque[Waiting[Any]], now: float) -> float:
     """Seconds the oldest live request of ``order`` (arrival order, one live at least)
     has waited; the gone ones before it are dropped."""
@@ -71,6 +78,21 @@ class LanePool:
     order: deque[Waiting[Any]] = attrs.Factory(deque)
     """Every request of the pool in arrival order: its first live one is the oldest."""
     live: int = 0
+
+    def head(self) -> Head | None:
+        """The first request here as every worker orders it (:mod:`crossbar.sharing`): its
+        band, its flow's requests in flight here, when it came, and its flow; ``None`` when
+        none may go (each flow with one waiting runs its ``max_in_flight``)."""
+        heap = self.heap
+        while heap and heap[0] is not heap[0][-1].entry:
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        band, in_flight, *_, lane = heap[0]
+        line = lane.line
+        while not line[0].live:
+            line.popleft()
+        return band, in_flight, line[0].arrived, line[0].flow.name
 
 
 @attrs.define(eq=False)

@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from crossbar.queueing.flows import Flow, PoolLimit, Refused, gave_way, refusal
-from crossbar.queueing.lanes import SLACK, Entry, Lane, LanePool, RouteQueue, Waiting, age
+from crossbar.queueing.lanes import SLACK, Entry, Head, Lane, LanePool, RouteQueue, Waiting, age
 from crossbar.queueing.slotuse import WINDOW_SECONDS, SlotTime, SlotUse
 
 __all__ = ["FairQueue", "Flow", "PoolLimit", "Refused", "Waiting"]
@@ -246,6 +246,12 @@ class FairQueue(Generic[T]):
         box = self._pools.get(pool)
         return box.live if box is not None else 0
 
+    def heads(self) -> tuple[dict[Hashable, Head], dict[str, int]]:
+        """Each pool's first request as every worker orders it (:meth:`LanePool.head`), and
+        each flow's requests in flight here (flows with one at least)."""
+        heads = {p: h for p, box in self._pools.items() if (h := box.head()) is not None}
+        return heads, {name: s.in_flight for name, s in self._flows.items() if s.in_flight}
+
     def pools(self) -> dict[Hashable, int]:
         """Every pool that has requests waiting, with how many."""
         return {pool: box.live for pool, box in self._pools.items() if box.live}
@@ -269,8 +275,7 @@ class FairQueue(Generic[T]):
         return state.v * math.exp2(-max(0.0, now - self._t0) / self._half_life)
 
     def shares(self, now: float) -> dict[str, float]:
-        """Each remembered flow's share of the slot-seconds of requests that ended in
-        the last five minutes (:mod:`crossbar.queueing.slotuse`); flows with none left out."""
+        """Each flow's share of the last five minutes' slot-seconds (:mod:`.slotuse`)."""
         return self._used.shares(now)
 
     def usage(self, now: float) -> dict[str, SlotUse]:

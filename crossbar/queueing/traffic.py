@@ -21,19 +21,32 @@ class Traffic:
     """Counters kept as plain dicts: they are read and written on every request."""
 
     def __init__(
-        self, hosts: Iterable[str], routes: Iterable[str], slots: Mapping[str, int] | None = None
+        self,
+        hosts: Iterable[str],
+        routes: Iterable[str],
+        slots: Mapping[str, int] | None = None,
+        shared: bool = False,
     ) -> None:
         self.in_flight: dict[str, int] = dict.fromkeys(hosts, 0)
+        """This process's requests in flight per host."""
         self.busy: dict[tuple[str, str | None], int] = {}
-        """Requests in flight per host and model (a model's slots are its own in router
-        mode); an entry goes with its last request, so a client's made-up model names
-        cannot grow it."""
+        """This process's requests in flight per host and model (a model's slots are its
+        own in router mode); an entry goes with its last request, so a client's made-up
+        model names cannot grow it."""
+        self.others: dict[tuple[str, str | None], int] = {}
+        """``shared``: the slots the other workers hold, per host and model, as worker 0
+        last told (:mod:`crossbar.sharing`); empty alone, or while worker 0 is not heard."""
+        self.fleet_in_flight = dict(self.in_flight) if shared else self.in_flight
+        """Requests in flight per host, this process's and the others' (without
+        ``shared``, the same dict as :attr:`in_flight`): what choosing a host reads."""
+        self.fleet_busy = {} if shared else self.busy
+        """As :attr:`busy`, with the others' slots: what "is this host full" reads."""
         self.last_used: dict[tuple[str, str | None], float] = {}
         """When each host last started or ended a request for each model (the clock's
         seconds): how long a loaded model has been idle. Held to :data:`MAX_LAST_USED`."""
         self.slots: dict[str, int] = dict(slots or {})
         """Each host's ``slots:`` from the config."""
-        self.usage = Occupancy(self.busy, self.last_used, self.slots)
+        self.usage = Occupancy(self.fleet_busy, self.last_used, self.slots)
         """A live view of both, for the policies' choice of where to load a model."""
         self.policies = Policies(routes, slots, self.usage)
         """One of each policy, with its state; a route asks its own."""
@@ -47,6 +60,8 @@ class Traffic:
         self.leaving: dict[str, Callable[[str], None]] = {}
         """Hosts gone from the config that still carry requests, each with what to call
         once its last one ends."""
+        self.changed: Callable[[], None] | None = None
+        """Called after every :meth:`move` (shared: worker 0 is told this process's counts)."""
 
     def set_hosts(
         self,
@@ -74,7 +89,24 @@ class Traffic:
         self.slots.clear()  # in place: the usage view reads it
         self.slots.update(slots)
         self.policies.reload(routes, slots)
+        self.set_others(self.others)
         return left
+
+    def set_others(self, others: Mapping[tuple[str, str | None], int]) -> None:
+        """The other workers' slots in use now (per host and model): the fleet's counts
+        become this process's plus theirs, on the hosts this config has."""
+        self.others = dict(others)
+        fleet_busy, fleet_in_flight = self.fleet_busy, self.fleet_in_flight
+        if fleet_busy is self.busy:
+            return  # not shared: nothing else is counted
+        fleet_busy.clear()  # in place: the usage view and the policies read them
+        fleet_busy.update(self.busy)
+        fleet_in_flight.clear()
+        fleet_in_flight.update(self.in_flight)
+        for (host, model), count in self.others.items():
+            if host in fleet_in_flight and count > 0:
+                fleet_busy[host, model] = fleet_busy.get((host, model), 0) + count
+                fleet_in_flight[host] += count
 
     def move(
         self, old: str | None, new: str | None, model: str | None = None, now: float | None = None
@@ -98,6 +130,27 @@ class Traffic:
         if new is not None:
             self.in_flight[new] += 1
             busy[new, model] = busy.get((new, model), 0) + 1
+        if self.fleet_busy is not busy:
+            self._fleet_move(old, new, model)
+        if self.changed is not None:
+            self.changed()
+
+    def _fleet_move(self, old: str | None, new: str | None, model: str | None) -> None:
+        """:meth:`move` in the fleet's counts (shared only)."""
+        fleet_busy, fleet_in_flight = self.fleet_busy, self.fleet_in_flight
+        if old is not None:
+            if old in self.in_flight:
+                fleet_in_flight[old] = fleet_in_flight.get(old, 1) - 1
+            else:
+                fleet_in_flight.pop(old, None)  # gone with its last request
+            left = fleet_busy.get((old, model), 1) - 1
+            if left > 0:
+                fleet_busy[old, model] = left
+            else:
+                fleet_busy.pop((old, model), None)
+        if new is not None:
+            fleet_in_flight[new] = fleet_in_flight.get(new, 0) + 1
+            fleet_busy[new, model] = fleet_busy.get((new, model), 0) + 1
 
     def _used(self, host: str, model: str | None, now: float) -> None:
         last = self.last_used

@@ -19,13 +19,14 @@ room), and the move prefills the conversation again there.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from crossbar.config import Config, RouteConfig
 from crossbar.polling import HealthTable
+from crossbar.queueing.answers import STOPPING, Go, Queued, SlotShare, Waiter
+from crossbar.queueing.lanes import Head
 from crossbar.queueing.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.queueing.traffic import Traffic
 from crossbar.routing import Conversation, best_group, rendezvous, spill_places
@@ -40,40 +41,19 @@ to end). On the simulator with the queue full, a light flow's next request came 
 (p50) and 17.6 ms (p95) after its last ended."""
 
 
-STOPPING = Refused(503, "crossbar is stopping", 5, "stopping")
-"""The answer to a request that waits, or would, for a slot of a crossbar that stops."""
-
-
-class Waiter(Protocol):
-    """What a waiting request is to the queue (an :class:`~crossbar.proxy.exchange.Exchange`)."""
-
-    def dispatched(self, waited: float) -> None: ...
-    def shed(self, refused: Refused) -> None: ...
-
-
-@attrs.frozen
-class Go:
-    """Admitted: choose a host now, leaving out ``full`` (hosts of its group, every slot taken)."""
-
-    full: tuple[str, ...] = ()
-
-
-@attrs.frozen
-class Queued:
-    """Admitted to wait: its waiter is told later, by ``dispatched`` or ``shed``."""
-
-    waiting: Waiting[Waiter]
-    """Its place in the queue (what :meth:`Waits.leave` takes, if its client leaves)."""
-
-
 class Waits:
     """The queue of one crossbar (per worker), over the traffic's slots."""
 
-    def __init__(self, traffic: Traffic, table: HealthTable, clock: IReactorTime) -> None:
-        self.traffic = traffic
-        self.table = table
-        self.clock = clock
-        self.queue = traffic.queue
+    def __init__(
+        self,
+        traffic: Traffic,
+        table: HealthTable,
+        clock: IReactorTime,
+        share: SlotShare | None = None,
+    ) -> None:
+        self.traffic, self.table, self.clock, self.queue = traffic, table, clock, traffic.queue
+        self.share = share
+        """With workers, the others' waiting requests: a freed slot may be owed to one."""
         self._routes: dict[str, RouteConfig] = {}
         self._serving: dict[str, list[str]] = {}
         """Each host's routes: the pools a slot of it can serve."""
@@ -241,6 +221,8 @@ class Waits:
             self.clock.callLater(0, self._release, flow.name)  # rule) once it is queued
         if isinstance(placed, Waiting):
             self._held[placed.seq] = placed
+            if self.share is not None:
+                self.share.changed()
             if home is not None:
                 later = self.clock.callLater(route.home_wait, self._leave_home, placed)
                 self._homing[placed.seq] = later
@@ -293,29 +275,52 @@ class Waits:
             self.queue.finished(flow, seconds, now)
         if host is not None:
             self.traffic.move(host, None, model, now)
-            self._freed(host, model, None if flow is None else flow.name)
+            self._freed(host, model, flow)
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _freed(self, host: str, model: str | None, ending: str | None) -> None:
+    def _freed(self, host: str, model: str | None, ending: Flow | None) -> None:
         """One of ``host``'s slots for ``model`` is free (``ending``: the flow whose
-        request just ended in it, if that is how)."""
-        if not self.queue.waiting():
+        request just ended in it, if that is how): kept for it, owed to a request waiting
+        in another worker, or taken by the next request waiting here."""
+        share = self.share
+        if not self.queue.waiting() and (share is None or not share.waiting()):
             return  # nothing waits: costs nothing
         state = self.table.view.get(host)
         if state is not None and not state.healthy:
             return  # a host that is down takes nothing from the queue
-        routes = self._serving.get(host, ())
-        pools: list[Hashable] = [(route, model) for route in routes]
-        pools += [(route, model, host) for route in routes]  # turns waiting for this host
+        pools = self._pools_of(host, model)
         if ending is not None and self._keep(ending, host, model, pools):
             return
+        if share is not None:
+            mine: list[Head] = [h for p, h in self.queue.heads()[0].items() if p in pools]
+            if share.owed(host, model, pools, mine):
+                return
         self._send(pools)
 
-    def _keep(self, name: str, host: str, model: str | None, pools: list[Hashable]) -> bool:
-        """Keep the slot ``name``'s request just freed for its next one (:data:`KEEP`),
-        if it has nothing else running or waiting and would be served first."""
+    def _pools_of(self, host: str, model: str | None) -> list[Hashable]:
+        """The pools a slot of ``host`` for ``model`` serves (its own, for turns waiting for it)."""
+        routes = self._serving.get(host, ())
+        return [*((route, model) for route in routes), *((route, model, host) for route in routes)]
+
+    def offered(self, host: str, model: str | None) -> bool:
+        """A slot of ``host`` for ``model``, freed in another worker, is offered here: the
+        next request waiting for it takes it. False: none did (it goes to the next worker)."""
+        before = self.queue.waiting()
+        if before and not self._stopping:
+            self._send(self._pools_of(host, model))
+        return self.queue.waiting() < before
+
+    def _keep(self, flow: Flow, host: str, model: str | None, pools: list[Hashable]) -> bool:
+        """Keep the slot ``flow``'s request just freed for its next one (:data:`KEEP`),
+        if it has nothing else running or waiting and would be served first (here, and
+        before every request waiting in another worker)."""
+        name = flow.name
         if name in self._kept or self.queue.flow(name) != (0, 0):
+            return False
+        if self.share is not None and self.share.ahead(
+            pools, (flow.band, 0, self.clock.seconds(), name)
+        ):
             return False
         if host not in self.traffic.in_flight or host in self.traffic.leaving:
             return False  # reloaded away: not to be given anything more

@@ -5,15 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThread
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from zope.interface import implementer
 
@@ -24,6 +21,7 @@ from crossbar.testing import SimulatedHost
 from crossbar.workers import WorkerProcesses
 from crossbar.workers.supervisor import STOP_GRACE
 from tests.support import free_port, guard, start_daemon
+from tests.support.processes import alive, beside, children, fetch, wait_until
 
 
 def test_tcp_address() -> None:
@@ -58,37 +56,6 @@ def test_merge_labels_every_sample_by_worker() -> None:
     assert merged.count("# TYPE x_total counter") == 1
     assert 'x_total{host="a",worker="0"} 3.0' in merged
     assert 'x_total{host="a",worker="1"} 4.0' in merged
-
-
-def children(pid: int) -> set[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return {int(p) for p in path.read_text().split()} if path.exists() else set()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
-
-
-def wait_until(check: Any, what: str, limit: float = 20.0) -> Any:
-    """Poll another process's state (a bounded wait, for work done outside this process)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        body: bytes = r.read()
-        return body
 
 
 def run_two_workers(tmp_path: Path, sim_url: str) -> dict[str, Any]:
@@ -127,12 +94,7 @@ def run_two_workers(tmp_path: Path, sim_url: str) -> dict[str, Any]:
 
 @pytest_twisted.ensureDeferred
 async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
-    sim = SimulatedHost({"m1": "loaded"})
-    await sim.listen(0, "127.0.0.1")
-    try:
-        result = await deferToThread(run_two_workers, tmp_path, sim.url)
-    finally:
-        await sim.stop()
+    result = await beside(SimulatedHost({"m1": "loaded"}), run_two_workers, tmp_path)
     assert result["code"] == 0, result["output"]
     assert result["both_served"]
     assert result["restarted"]  # a worker that died was started again

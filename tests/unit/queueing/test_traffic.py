@@ -160,3 +160,24 @@ def test_made_up_model_names_cannot_grow_the_last_uses() -> None:
     assert len(traffic.last_used) <= MAX_LAST_USED
     assert ("gpu-a", "kept") in traffic.last_used
     assert ("gpu-a", f"m{MAX_LAST_USED + 9}") in traffic.last_used
+
+
+def test_shared_counts_add_the_other_workers_slots_to_this_one_s() -> None:
+    traffic = Traffic(["gpu-a", "gpu-b"], ["chat"], {"gpu-a": 2}, shared=True)
+    told: list[int] = []
+    traffic.changed = lambda: told.append(1)
+    traffic.move(None, "gpu-a", "m")
+    traffic.set_others({("gpu-a", "m"): 1, ("gpu-gone", "m"): 5})  # a host not configured
+    assert traffic.in_flight == {"gpu-a": 1, "gpu-b": 0}  # this worker's own
+    assert traffic.fleet_in_flight == {"gpu-a": 2, "gpu-b": 0}
+    assert traffic.fleet_busy == {("gpu-a", "m"): 2}
+    traffic.move("gpu-a", "gpu-b", "m")
+    assert traffic.fleet_busy == {("gpu-a", "m"): 1, ("gpu-b", "m"): 1}
+    traffic.set_others({})  # worker 0 lost: own counts only
+    assert traffic.fleet_in_flight == traffic.in_flight == {"gpu-a": 0, "gpu-b": 1}
+    assert told == [1, 1]  # each move is told
+
+
+def test_alone_the_fleet_counts_are_this_process_s() -> None:
+    traffic = Traffic(["gpu-a"], ["chat"])
+    assert traffic.fleet_busy is traffic.busy and traffic.fleet_in_flight is traffic.in_flight

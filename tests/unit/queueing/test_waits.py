@@ -5,34 +5,14 @@ busy, go to the first slot that frees, fairly between flows, within limits that 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from crossbar.config import parse_config
 from crossbar.queueing import Flow, Go, Queued, Refused
 from crossbar.queueing.waits import KEEP
 from crossbar.testing import ClientLine, HostLine, MemoryProxy
 from tests.support.errors import api_error
+from tests.support.waiting import ALICE, BOB, Told, proxy
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
-ALICE, BOB = "a" * 24, "b" * 24
-
-
-def proxy(slots: int | None = 1, keys: list[Any] | None = None, **route: Any) -> MemoryProxy:
-    def host(port: int) -> Any:
-        url = f"http://127.0.0.1:{port}"
-        return url if slots is None else {"url": url, "slots": slots}
-
-    keys = [{"name": "alice", "key": ALICE, "max_waiting": 2}] + (
-        keys if keys is not None else [{"name": "bob", "key": BOB, "priority": "interactive"}]
-    )
-    config = parse_config(
-        {
-            "hosts": {"gpu-a": host(18081), "gpu-b": host(18082)},
-            "api_keys": keys,
-            "routes": {"lab": {"hosts": ["gpu-a", "gpu-b"], "default_model": "m", **route}},
-        }
-    )
-    return MemoryProxy(config, models=("m",))
 
 
 def ask(memory: MemoryProxy, key: str = ALICE) -> ClientLine:
@@ -166,19 +146,6 @@ def test_a_stopping_crossbar_answers_whoever_waits_503_and_a_reload_keeps_them()
         assert head.startswith(b"HTTP/1.1 503")
         assert json.loads(body) == api_error(503, "crossbar is stopping")
     assert memory.traffic.queue.waiting() == 0
-
-
-class Told:
-    """A waiting request, as the queue sees it: what it is told, in order."""
-
-    def __init__(self) -> None:
-        self.told: list[tuple[str, object]] = []
-
-    def dispatched(self, waited: float) -> None:
-        self.told.append(("dispatched", waited))
-
-    def shed(self, refused: Refused) -> None:
-        self.told.append(("shed", refused.reason))
 
 
 def test_admission_says_go_wait_or_no_and_the_slot_released_goes_to_whoever_waits() -> None:

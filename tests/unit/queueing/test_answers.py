@@ -1,0 +1,99 @@
+"""crossbar.queueing.answers: what admission answers, and what the queue asks of the other
+workers (``workers: N``): a slot freed here goes to the request waiting first in any
+worker, and a slot freed elsewhere is taken by the request waiting first here."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from crossbar.queueing import Flow, Go, Head, Queued, Traffic, Waits
+from crossbar.queueing.answers import STOPPING
+from tests.support.waiting import Told, proxy
+
+ALICE = Flow("alice", 1, None, 1)
+
+
+class OtherWorkers:
+    """The other workers, as the queue sees them: a request of theirs waits first or not."""
+
+    def __init__(self, first: bool) -> None:
+        self.first = first
+        self.given: list[tuple[str, str | None, list[Head]]] = []
+        self.changes = 0
+
+    def waiting(self) -> bool:
+        return self.first
+
+    def ahead(self, pools: Sequence[Hashable], head: Head) -> bool:
+        return self.first
+
+    def owed(
+        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
+    ) -> bool:
+        if self.first:
+            self.given.append((host, model, list(mine)))
+        return self.first
+
+    def changed(self) -> None:
+        self.changes += 1
+
+
+def shared_waits(first: bool) -> tuple[Waits, OtherWorkers, Traffic]:
+    memory = proxy()
+    others = OtherWorkers(first)
+    waits = Waits(memory.traffic, memory.table, memory.clock, others)
+    waits.configure(memory.config)
+    for host in ("gpu-a", "gpu-b"):
+        memory.traffic.move(None, host, "m")  # every slot taken
+    return waits, others, memory.traffic
+
+
+def test_a_stopping_crossbar_answers_503_in_words() -> None:
+    assert (STOPPING.status, STOPPING.error) == (503, "crossbar is stopping")
+    assert Go().full == ()
+
+
+def test_a_slot_freed_here_goes_to_the_request_waiting_first_in_another_worker() -> None:
+    waits, others, _ = shared_waits(first=True)
+    route, here = waits.route("lab"), Told()
+    assert route is not None
+    assert isinstance(waits.admit(here, route, "m", ALICE), Queued)
+    assert others.changes == 1  # the others are told it waits
+    waits.release(None, "gpu-a", "m")
+    assert here.told == []  # the slot was given over, not taken here
+    ((host, model, mine),) = others.given
+    assert (host, model) == ("gpu-a", "m")
+    assert [head[3] for head in mine] == ["alice"]  # what waits here, for the comparison
+
+
+def test_a_slot_freed_here_stays_here_when_this_worker_waits_first() -> None:
+    waits, others, _ = shared_waits(first=False)
+    route, here = waits.route("lab"), Told()
+    assert route is not None
+    waits.admit(here, route, "m", ALICE)
+    waits.release(None, "gpu-a", "m")
+    assert here.told and here.told[0][0] == "dispatched" and others.given == []
+
+
+def test_a_slot_offered_by_another_worker_is_taken_by_the_first_request_waiting_here() -> None:
+    waits, _, traffic = shared_waits(first=False)
+    route, here = waits.route("lab"), Told()
+    assert route is not None
+    assert waits.offered("gpu-a", "m") is False  # nobody waits here: passed on
+    waits.admit(here, route, "m", ALICE)
+    traffic.move("gpu-a", None, "m")  # freed in the other worker: worker 0 offers it
+    assert waits.offered("gpu-a", "m") is True
+    assert here.told and here.told[0][0] == "dispatched"
+
+
+def test_the_other_workers_slots_make_a_host_full_here() -> None:
+    memory = proxy()
+    traffic = Traffic(["gpu-a", "gpu-b"], ["lab"], {"gpu-a": 1, "gpu-b": 1}, shared=True)
+    waits = Waits(traffic, memory.table, memory.clock)
+    waits.configure(memory.config)
+    route = waits.route("lab")
+    assert route is not None
+    traffic.set_others({("gpu-a", "m"): 1, ("gpu-b", "m"): 1})  # both held elsewhere
+    assert isinstance(waits.admit(Told(), route, "m", ALICE), Queued)
+    traffic.set_others({("gpu-a", "m"): 1})
+    assert isinstance(waits.admit(Told(), route, "m", Flow("bob", 1)), Go)  # gpu-b is free
