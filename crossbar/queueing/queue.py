@@ -241,16 +241,17 @@ class FairQueue(Generic[T]):
 
     def waiting(self, pool: Hashable | None = None) -> int:
         """Requests waiting in ``pool``, or in all pools."""
-        if pool is None:
-            return self._waiting
-        box = self._pools.get(pool)
-        return box.live if box is not None else 0
+        box = self._pools.get(pool) if pool is not None else None
+        return self._waiting if pool is None else (box.live if box is not None else 0)
 
-    def heads(self) -> tuple[dict[Hashable, Head], dict[str, int]]:
-        """Each pool's first request as every worker orders it (:meth:`LanePool.head`), and
-        each flow's requests in flight here (flows with one at least)."""
-        heads = {p: h for p, box in self._pools.items() if (h := box.head()) is not None}
-        return heads, {name: s.in_flight for name, s in self._flows.items() if s.in_flight}
+    def heads(self, pools: Iterable[Hashable] | None = None) -> dict[Hashable, Head]:
+        """The first request of each pool (or of ``pools``) as every worker orders it."""
+        boxes = self._pools if pools is None else {p: self._pools.get(p) for p in pools}
+        return {p: h for p, box in boxes.items() if box and (h := box.head()) is not None}
+
+    def running(self) -> dict[str, int]:
+        """Each flow's requests in flight here (flows with one at least)."""
+        return {name: s.in_flight for name, s in self._flows.items() if s.in_flight}
 
     def pools(self) -> dict[Hashable, int]:
         """Every pool that has requests waiting, with how many."""

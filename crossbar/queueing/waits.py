@@ -26,7 +26,6 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from crossbar.config import Config, RouteConfig
 from crossbar.polling import HealthTable
 from crossbar.queueing.answers import STOPPING, Go, Queued, SlotShare, Waiter
-from crossbar.queueing.lanes import Head
 from crossbar.queueing.queue import Flow, PoolLimit, Refused, Waiting
 from crossbar.queueing.traffic import Traffic
 from crossbar.routing import Conversation, best_group, rendezvous, spill_places
@@ -292,10 +291,10 @@ class Waits:
         pools = self._pools_of(host, model)
         if ending is not None and self._keep(ending, host, model, pools):
             return
-        if share is not None:
-            mine: list[Head] = [h for p, h in self.queue.heads()[0].items() if p in pools]
-            if share.owed(host, model, pools, mine):
-                return
+        if share is not None and share.owed(
+            host, model, pools, [*self.queue.heads(pools).values()]
+        ):
+            return
         self._send(pools)
 
     def _pools_of(self, host: str, model: str | None) -> list[Hashable]:

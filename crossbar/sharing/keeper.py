@@ -49,8 +49,6 @@ class Keeper:
         self.links: dict[str, Link] = {}
         self.gifts: dict[str, int] = {}
         """Each member's last gift (:meth:`give`): what it is told it counts as held."""
-        self.local: set[str] = set()
-        """Members in this process (worker 0's own): never dropped for silence."""
         self.told: dict[str, View] = {}
         """What each member was last told."""
         self._due: IDelayedCall | None = None
@@ -76,10 +74,6 @@ class Keeper:
         self.told.pop(name, None)
         self.ledger.join(name, self.clock.seconds())
         self.links[name] = link
-        if link.local:  # worker 0's own, in this process: never silent
-            self.local.add(name)
-        else:
-            self.local.discard(name)
         self._changed()
 
     def leave(self, name: str, link: Link) -> None:
@@ -97,7 +91,6 @@ class Keeper:
         """What the keeper kept of member ``name``, besides the ledger, once it is gone."""
         self.gifts.pop(name, None)
         self.told.pop(name, None)
-        self.local.discard(name)
 
     def report(self, name: str, report: Holding) -> None:
         if name in self.links:
@@ -155,14 +148,15 @@ class Keeper:
     def _expire(self) -> None:
         """Members silent for a lease are dropped, and their connections closed."""
         now = self.clock.seconds()
-        for name in self.local:
-            self.ledger.seen(name, now)
+        for name, member in self.links.items():
+            if member.local:  # worker 0's own, in this process: never silent
+                self.ledger.seen(name, now)
         for name in self.ledger.expired(now):
-            link = self.links.pop(name, None)
+            gone = self.links.pop(name, None)
             self._forget(name)
             log.warn("{name} was silent for a lease: its slots are free", name=name)
-            if link is not None:
-                link.drop()
+            if gone is not None:
+                gone.drop()
             self._changed()
 
 

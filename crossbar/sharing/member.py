@@ -89,7 +89,8 @@ class Member:
                 self._due.cancel()
             self._due = None
         if self.uplink is not None:
-            heads, flows = self.waits.queue.heads() if self.waits is not None else ({}, {})
+            queue = self.waits.queue if self.waits is not None else None
+            heads, flows = (queue.heads(), queue.running()) if queue is not None else ({}, {})
             report = Holding(dict(self.traffic.busy), heads, flows)
             if report != self._reported:  # a request that came and went in one turn: nothing
                 self._reported = report

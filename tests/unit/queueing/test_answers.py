@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from crossbar.queueing import Flow, Go, Head, Queued, Traffic, Waits
-from crossbar.queueing.answers import STOPPING
 from tests.support.waiting import Told, proxy
 
 ALICE = Flow("alice", 1, None, 1)
@@ -46,11 +45,6 @@ def shared_waits(first: bool) -> tuple[Waits, OtherWorkers, Traffic]:
     for host in ("gpu-a", "gpu-b"):
         memory.traffic.move(None, host, "m")  # every slot taken
     return waits, others, memory.traffic
-
-
-def test_a_stopping_crossbar_answers_503_in_words() -> None:
-    assert (STOPPING.status, STOPPING.error) == (503, "crossbar is stopping")
-    assert Go().full == ()
 
 
 def test_a_slot_freed_here_goes_to_the_request_waiting_first_in_another_worker() -> None:

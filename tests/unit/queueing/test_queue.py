@@ -541,3 +541,15 @@ def test_a_flow_at_its_max_in_flight_may_not_start_even_with_a_slot_free() -> No
     assert q.may_start(capped)
     assert q.pop([POOL], T0 + 3).item == "waits for its own to end"  # type: ignore[union-attr]
     assert not q.may_start(capped)  # a popped one runs too
+
+
+def test_each_pool_s_first_request_and_each_flow_s_running_count_for_the_other_workers() -> None:
+    queue: FairQueue[str] = FairQueue()
+    heavy, light = Flow("heavy", 1), Flow("light", 1)
+    queue.started(heavy, 0.0)
+    queue.push("chat", heavy, "heavy's", 1.0)
+    queue.push("chat", light, "light's", 2.0)
+    queue.push("code", heavy, "heavy's too", 3.0)
+    assert queue.heads() == {"chat": (1, 0, 2.0, "light"), "code": (1, 1, 3.0, "heavy")}
+    assert queue.heads(["code", "gone"]) == {"code": (1, 1, 3.0, "heavy")}
+    assert queue.running() == {"heavy": 1}

@@ -30,8 +30,11 @@ class Queue:
     def __init__(self) -> None:
         self.waiting: dict[Any, Head] = {}
 
-    def heads(self) -> tuple[dict[Any, Head], dict[str, int]]:
-        return dict(self.waiting), {}
+    def heads(self) -> dict[Any, Head]:
+        return dict(self.waiting)
+
+    def running(self) -> dict[str, int]:
+        return {}
 
     def flow(self, name: str) -> tuple[int, int]:
         return len(self.waiting), 0

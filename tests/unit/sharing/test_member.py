@@ -38,13 +38,16 @@ class Queue:
 
     def __init__(self) -> None:
         self.waiting: dict[Hashable, Head] = {}
-        self.running: dict[str, int] = {}
+        self.flows: dict[str, int] = {}
 
-    def heads(self) -> tuple[dict[Hashable, Head], dict[str, int]]:
-        return dict(self.waiting), dict(self.running)
+    def heads(self) -> dict[Hashable, Head]:
+        return dict(self.waiting)
+
+    def running(self) -> dict[str, int]:
+        return dict(self.flows)
 
     def flow(self, name: str) -> tuple[int, int]:
-        return 0, self.running.get(name, 0)
+        return 0, self.flows.get(name, 0)
 
 
 class Waits:
@@ -80,7 +83,7 @@ def test_joining_worker_0_reports_what_this_worker_holds_at_once() -> None:
     m, uplink, _, waits = member(up=False)
     m.traffic.move(None, "gpu-a", "m")
     waits.queue.waiting[CHAT] = (0, 0, 1.0, "alice")
-    waits.queue.running["bob"] = 1
+    waits.queue.flows["bob"] = 1
     assert not m.up and uplink.sent == []
     m.joined(uplink)
     assert m.up
@@ -111,7 +114,7 @@ def test_the_others_counts_are_added_to_this_workers_own() -> None:
 
 def test_a_light_flow_waiting_elsewhere_comes_before_a_heavy_flow_waiting_here() -> None:
     m, uplink, _, waits = member()
-    waits.queue.running["heavy"] = 3  # the heavy flow runs 3 here, and 5 elsewhere
+    waits.queue.flows["heavy"] = 3  # the heavy flow runs 3 here, and 5 elsewhere
     m.others(View(Holding({}, {CHAT: (0, 0, 9.0, "light")}, {"heavy": 5}), 0))
     assert m.waiting()
     heavy = (0, 3, 1.0, "heavy")  # came long before the light one
@@ -122,7 +125,7 @@ def test_a_light_flow_waiting_elsewhere_comes_before_a_heavy_flow_waiting_here()
 
 def test_one_flow_s_requests_go_first_come_whichever_worker_holds_them() -> None:
     m, uplink, _, waits = member()
-    waits.queue.running["alice"] = 1  # what this worker runs is not held against its own
+    waits.queue.flows["alice"] = 1  # what this worker runs is not held against its own
     m.others(View(Holding({}, {CHAT: (0, 0, 2.0, "alice")}, {"alice": 1}), 0))
     assert not m.owed("gpu-a", "m", [CHAT], [(0, 1, 1.0, "alice")])  # here came first
     assert m.owed("gpu-a", "m", [CHAT], [(0, 1, 3.0, "alice")])  # there came first
