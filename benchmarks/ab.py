@@ -19,7 +19,8 @@ interpreter (its ``twistd``); ``--route-before`` and ``--route-after`` add keys 
 route (``"queue: false"``), so that one tree can be measured with a feature and without;
 ``--slots N`` gives the host ``slots: N`` on both sides (the fair queue then counts slots
 on every request, as on a fleet whose hosts say theirs); ``--workers N`` runs both with
-``workers: N`` (CPU summed over every worker).
+``workers: N`` (CPU summed over every worker); ``--store-before`` and ``--store-after`` give
+a side ``shared_state:``, a redis-server of the run's own (its CPU is not counted).
 
 Each run prints crossbar's CPU per request (``wrk``, 64 connections) or per chunk
 (``--streams K``: K concurrent streams of ``--chunks`` chunks: a stream's own request is
@@ -36,6 +37,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +46,9 @@ from typing import Any
 from harness import KEY, ROUTE, crossbar_config, crossbar_twistd, free_port, stop, wait_for
 from loads import run_streams, run_wrk
 from procstat import CLK_TCK, tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.redis import RedisServer, redis_binary
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,10 +73,13 @@ def start(
     route: list[str],
     slots: int | None,
     workers: int = 1,
+    store: str | None = None,
 ) -> tuple[Any, int]:
     port = free_port()
     config = workdir / f"{name}.yaml"
     crossbar_config(config, port, upstream, None, workers, features)
+    if store is not None:
+        config.write_text(f"shared_state: {store}\n" + config.read_text())
     if slots is not None:
         url = f"http://127.0.0.1:{upstream}"
         text = config.read_text().replace(f": {url}\n", f": {{url: {url}, slots: {slots}}}\n")
@@ -90,8 +98,8 @@ def start(
         )
     ready = "/_crossbar/readyz" if features else f"/{ROUTE}/v1/models"
     wait_for(f"http://127.0.0.1:{port}{ready}", name, proc)
-    if workers > 1:
-        time.sleep(3)  # the other workers start and join worker 0's count
+    if workers > 1 or store is not None:
+        time.sleep(3)  # the other workers start and join worker 0's count (or the store)
     return proc, port
 
 
@@ -123,6 +131,8 @@ def main() -> None:
     parser.add_argument("--route-after", action="append", default=[], help="a route key")
     parser.add_argument("--slots", type=int, default=None, help="the host's slots (both)")
     parser.add_argument("--workers", type=int, default=1, help="workers: N on both sides (1)")
+    parser.add_argument("--store-before", action="store_true", help="shared_state: a redis-server")
+    parser.add_argument("--store-after", action="store_true", help="shared_state: a redis-server")
     parser.add_argument("--python-before", type=Path, default=None, help="its interpreter")
     parser.add_argument("--python-after", type=Path, default=None, help="its interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
@@ -139,17 +149,22 @@ def main() -> None:
             ["node", str(HERE / "upstream.js"), str(upstream_port)], stdout=subprocess.DEVNULL
         )
         procs: dict[str, Any] = {}
+        store = None
+        if args.store_before or args.store_after:
+            store = RedisServer(redis_binary(), workdir)
+            store.start()
         try:
             wait_for(f"http://127.0.0.1:{upstream_port}/health", "upstream", upstream)
             urls = {}
             sides = (
-                ("before", args.before, args.python_before, args.route_before),
-                ("after", args.after, args.python_after, args.route_after),
+                ("before", args.before, args.python_before, args.route_before, args.store_before),
+                ("after", args.after, args.python_after, args.route_after, args.store_after),
             )
-            for name, src, python, route in sides:
+            for name, src, python, route, shared in sides:
+                url = store.url.replace("/0", f"/{len(procs)}") if shared and store else None
                 procs[name], port = start(
                     name, src, python, upstream_port, workdir, args.features, route, args.slots,
-                    args.workers,
+                    args.workers, url,
                 )  # fmt: skip
                 urls[name] = f"http://127.0.0.1:{port}/{ROUTE}/v1/chat/completions"
                 run_wrk(urls[name], 1, 64, 2, key)  # warm: imports, pools, caches
@@ -168,6 +183,8 @@ def main() -> None:
             for proc in procs.values():
                 stop(proc)
             stop(upstream)
+            if store is not None:
+                store.stop()
     unit = "chunk" if args.streams else "request"
     for name, found in runs.items():
         figures = [run["us"] for run in found]

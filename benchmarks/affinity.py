@@ -57,6 +57,7 @@ from benchmarks.affinity_fleet import (  # noqa: E402
     MODEL,
     ROUTE,
     SAVES,
+    STORE,
     fleet,
     llama_server_binary,
     post,
@@ -66,6 +67,7 @@ from tests.support import Daemon  # noqa: E402
 
 POLICIES = ("priority", "round_robin", "least_busy", "cache_affinity")
 REPLICAS = "cache_affinity, 2 replicas"
+SHARED = REPLICAS + STORE
 WORDS = ("the", "a", "and", "of", "to", "is", "in", "it", "hello", "world", "cross", "bar",
          "model", "tiny", "ing", "ed", "er", "es", "th", "he", "an")  # fmt: skip
 
@@ -193,8 +195,10 @@ def summarize(
     first_host: dict[int, str] = {}
     previous: dict[int, str] = {}
     stayed = later = 0
+    hosts_of: dict[Any, set[str]] = {}
     for t in sorted(turns, key=lambda t: (t["agent"], t["turn"])):
         agent = t["agent"]
+        hosts_of.setdefault(agent, set()).add(t["host"])
         last[agent] = t
         first_host.setdefault(agent, t["host"])
         if agent in previous:
@@ -228,6 +232,7 @@ def summarize(
         "conversations_per_host": {h: homes.get(h, 0) for h in host_names},
         "max_vs_fair_share": round(max(homes.values()) / fair, 3),
         "turns_on_previous_host": round(stayed / later, 3) if later else None,
+        "conversations_split": sum(len(h) > 1 for h in hosts_of.values()),
         "shared_prefix_tokens": shared,
         "wall_seconds": round(wall, 1),
     }
@@ -311,6 +316,7 @@ def main() -> None:
     add("--policies", default=",".join(POLICIES), help="policies to run, in order")
     add("--no-host-slots", action="store_true", help="leave slots: out of crossbar's config")
     add("--no-replicas", action="store_true", help="skip the two-replica cache_affinity run")
+    add("--store", action="store_true", help="add a two-replica run sharing a redis-server")
     add("--llama-server", help="the binary (default: $CROSSBAR_LLAMA_SERVER or the script's)")
     add("--stagger", type=float, default=0.0, help="seconds between agents' starts (0: at once)")
     add("--saves", action="store_true",
@@ -331,6 +337,8 @@ def main() -> None:
         plan.append(("cache_affinity" + SAVES, 1))
     if not args.no_replicas:
         plan.append((REPLICAS, 2))
+    if args.store:
+        plan.append((SHARED, 2))
     names = [f"gpu-{i + 1}" for i in range(args.hosts)]
     runs, raw = [], {}
     for name, replicas in plan:
@@ -342,6 +350,7 @@ def main() -> None:
         runs.append(summary)
         raw[name] = turns
         print(f"{name}: {summary['prefilled']:,} prefilled, {summary['vs_ideal']:.2f}x ideal, "
+              f"{summary['conversations_split']} conversations on two hosts or more, "
               f"{summary['wall_seconds']} s", file=sys.stderr, flush=True)  # fmt: skip
 
     print(table(runs))

@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import REPO, Daemon, free_port, start_daemon
+from tests.support.redis import RedisServer, redis_binary
 
 MODEL = "tiny-bench"
 ROUTE = "bench"
 
+STORE = ", shared store"
+"""A run named so has its crossbar replicas share one count of the slots (a fresh
+redis-server, ``shared_state``)."""
 SAVES = "+saves"
 """A run named so has its hosts started with ``--slot-save-path``: crossbar keeps the shared
 prefix saved on each and restores it before each new conversation."""
@@ -82,9 +86,11 @@ def start_host(
     return host
 
 
-def crossbar_yaml(policy: str, hosts: Sequence[Daemon], slots: int | None) -> str:
+def crossbar_yaml(
+    policy: str, hosts: Sequence[Daemon], slots: int | None, store: str | None = None
+) -> str:
     names = [f"gpu-{i + 1}" for i in range(len(hosts))]
-    lines = ["poll_interval: 250ms", "hosts:"]
+    lines = ["poll_interval: 250ms", *([f"shared_state: {store}"] if store else []), "hosts:"]
     for name, host in zip(names, hosts, strict=True):
         lines += [f"  {name}:", f"    url: {host.url}"] + [f"    slots: {slots}"] * bool(slots)
     lines += [
@@ -115,11 +121,16 @@ def fleet(
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=model.parent))
     hosts: list[Daemon] = []
     proxies: list[Daemon] = []
+    redis: RedisServer | None = None
     try:
         saves = policy.endswith(SAVES)
         hosts = [start_host(args, binary, model, workdir, saves) for _ in range(args.hosts)]
         slots = None if args.no_host_slots else args.slots
-        config = crossbar_yaml(policy.split(",")[0].removesuffix(SAVES), hosts, slots)
+        if policy.endswith(STORE):  # the replicas share one count of the slots
+            redis = RedisServer(redis_binary(), workdir)
+            redis.start()
+        store = None if redis is None else redis.url
+        config = crossbar_yaml(policy.split(",")[0].removesuffix(SAVES), hosts, slots, store)
         for i in range(replicas):
             folder = workdir / f"crossbar-{i + 1}"
             folder.mkdir()
@@ -131,3 +142,5 @@ def fleet(
     finally:
         for daemon in proxies + hosts:
             daemon.stop()
+        if redis is not None:
+            redis.stop()

@@ -66,6 +66,9 @@ from benchmarks.contention_fleet import HEAVY, KEYS, LIGHT, fleet  # noqa: E402
 from tests.support import Daemon  # noqa: E402
 
 RUNS = ("idle", "queue: false", "queue")
+OWN, ONE = "own counts", "one crossbar"
+"""With ``--replicas``: the queue on but no shared store (each replica counts its own), and
+the queue in a single crossbar (what the replicas with a store are held to)."""
 
 
 # ---------------------------------------------------------------------------- the load
@@ -121,11 +124,12 @@ def ask(proxy: Daemon, flow: str, n: int, tokens: int, began: float, end: float)
 
 
 def load(
-    proxy: Daemon, flows: dict[str, int], seconds: float, tokens: int, spread: float
+    proxies: list[Daemon], flows: dict[str, int], seconds: float, tokens: int, spread: float
 ) -> list[dict]:
     """Each flow keeps its number of requests going for ``seconds``; every request's record.
     With ``spread``, each asks for ``tokens`` give or take that share, drawn per request
-    (the same draws in every run)."""
+    (the same draws in every run). With several replicas, each of a flow's requests goes to
+    the next one (as a load balancer without key hashing sends them)."""
     records: list[dict] = []
     gate = threading.Barrier(sum(flows.values()) + 1)
     clock: list[float] = []
@@ -138,6 +142,7 @@ def load(
         while time.perf_counter() < began + seconds:
             n += 1
             asked = draw.randint(low, high) if spread else tokens
+            proxy = proxies[(n + index) % len(proxies)]
             records.append(ask(proxy, flow, n, asked, began, began + seconds))
 
     threads = [
@@ -154,11 +159,11 @@ def load(
     return records
 
 
-def crossbar_waits(proxy: Daemon, records: list[dict]) -> int:
+def crossbar_waits(proxies: list[Daemon], records: list[dict]) -> int:
     """Give each request the ``wait_ms`` of its access line (same host, started within
     0.5 s, nearest start and then duration first); how many were matched."""
     lines = []
-    for text in proxy.output().splitlines():
+    for text in (line for proxy in proxies for line in proxy.output().splitlines()):
         try:
             line = json.loads(text)
         except ValueError:
@@ -286,10 +291,26 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def replica_targets(idle: dict, one: dict, on: dict) -> list[tuple[str, bool]]:
+    """Issue 37's targets for replicas sharing a store, against one crossbar."""
+    light = on["flows"]["light (all)"]["first_token_p95_ms"]
+    idle_p95 = idle["flows"]["light-1"]["first_token_p95_ms"]
+    bound = 1.5 * idle_p95 + 1000
+    served, alone = on["requests"], one["requests"]
+    return [
+        (f"light flows' p95 first token within 1.5x idle's ({idle_p95:.0f} ms) plus 1 s: "
+         f"{light:.0f} vs {bound:.0f} ms", light <= bound),
+        (f"requests within 5% of one crossbar's ({served} vs {alone}: "
+         f"{served / alone - 1:+.1%})", served >= 0.95 * alone),
+    ]  # fmt: skip
+
+
 def targets(runs: Sequence[dict[str, Any]], slots: int) -> list[tuple[str, bool]]:
     """Issue 24's targets (item 7), and whether each is met."""
     by = {r["run"]: r for r in runs}
     idle, off, on = by.get("idle"), by.get("queue: false"), by.get("queue")
+    if on and idle and ONE in by:
+        return replica_targets(idle, by[ONE], on)
     if not (off and on):
         return []
     light, light_off = (r["flows"]["light (all)"]["first_token_p95_ms"] for r in (on, off))
@@ -345,8 +366,12 @@ def main() -> None:
     add("--spread", type=float, default=0, help="tokens vary by this share per request (0)")
     add("--chunk-interval", type=float, default=0.05, help="simulator: seconds a token (0.05)")
     add("--workers", type=int, default=1, help="crossbar's workers: (1)")
+    add("--replicas", type=int, default=1, help="crossbars sharing a redis-server (1)")
     add("--warmup", type=float, default=0, help="waits: leave out requests sent before (0 s)")
-    add("--runs", default=",".join(RUNS), help="runs, in order (idle,queue: false,queue)")
+    add(
+        "--runs",
+        help=f"runs, in order (idle,queue: false,queue; --replicas: idle,{ONE},{OWN},queue)",
+    )
     add("--real", action="store_true", help="real llama-server hosts (-np SLOTS), tiny model")
     add("--ctx", type=int, default=4096, help="--real: context of each host (4096)")
     add("--threads", type=int, default=1, help="--real: CPU threads per host (1)")
@@ -368,12 +393,16 @@ def main() -> None:
         real, llama = (binary, Path(workdir.name) / f"{MODEL}.gguf"), version(binary)
 
     runs, raw = [], {}
+    if args.runs is None:
+        args.runs = ",".join(RUNS if args.replicas == 1 else ("idle", ONE, OWN, "queue"))
     for name in (n.strip() for n in args.runs.split(",") if n.strip()):
         flows = {LIGHT[0]: 1} if name == "idle" else {HEAVY: args.heavy, **dict.fromkeys(LIGHT, 1)}
         seconds = args.idle_seconds if name == "idle" else args.seconds
-        with fleet(args, name != "queue: false", real) as proxy:
-            records = load(proxy, flows, seconds, args.tokens, args.spread)
-        matched = crossbar_waits(proxy, records)
+        replicas = 1 if name in ("idle", ONE) else args.replicas
+        queue, store = name != "queue: false", name != OWN
+        with fleet(args, queue, real, store, replicas) as proxies:
+            records = load(proxies, flows, seconds, args.tokens, args.spread)
+        matched = crossbar_waits(proxies, records)
         summary = summarize(name, records, flows, args)
         summary["access_lines_matched"] = matched
         runs.append(summary)

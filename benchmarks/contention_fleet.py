@@ -17,14 +17,19 @@ from typing import Any
 
 from benchmarks.affinity_fleet import MODEL, ROUTE, get_json, start_host
 from tests.support import REPO, Daemon, free_port, start_daemon
+from tests.support.redis import RedisServer, redis_binary
 
 HEAVY, LIGHT = "heavy", ("light-1", "light-2", "light-3")
 KEYS = {name: f"contention-{name}-0123456789abcdef" for name in (HEAVY, *LIGHT)}
 
 
-def crossbar_yaml(urls: Sequence[str], slots: int, queue: bool, workers: int = 1) -> str:
+def crossbar_yaml(
+    urls: Sequence[str], slots: int, queue: bool, workers: int = 1, store: str | None = None
+) -> str:
     names = [f"gpu-{i + 1}" for i in range(len(urls))]
-    lines = ["log_format: json", "poll_interval: 250ms", f"workers: {workers}", "hosts:"]
+    lines = ["log_format: json", "poll_interval: 250ms", f"workers: {workers}"]
+    lines += [f"shared_state: {store}"] if store else []
+    lines += ["hosts:"]
     for name, url in zip(names, urls, strict=True):
         lines += [f"  {name}:", f"    url: {url}", f"    slots: {slots}"]
     lines += [
@@ -73,12 +78,27 @@ def start_simulator(args: argparse.Namespace, workdir: Path) -> tuple[Daemon, li
     return sim, urls
 
 
+def shared(proxy: Daemon) -> bool:
+    """True once the replica counts the others' slots (the store's count is heard)."""
+    request = urllib.request.Request(f"{proxy.url}/_crossbar/metrics")
+    request.add_header("Authorization", f"Bearer {KEYS[HEAVY]}")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return b"crossbar_shared_count_up 1.0" in response.read()
+    except OSError:
+        return False
+
+
 @contextmanager
-def fleet(args: argparse.Namespace, queue: bool, real: Any) -> Iterator[Daemon]:
-    """Fresh hosts and a fresh crossbar for one run, stopped afterwards."""
+def fleet(
+    args: argparse.Namespace, queue: bool, real: Any, store: bool = True, replicas: int = 1
+) -> Iterator[list[Daemon]]:
+    """Fresh hosts and fresh crossbars (``--replicas``, sharing a fresh redis-server unless
+    ``store`` is false) for one run, stopped afterwards."""
     workdir = Path(tempfile.mkdtemp(prefix="contention-", dir=args.workdir))
     hosts: list[Daemon] = []
-    proxy: Daemon | None = None
+    proxies: list[Daemon] = []
+    redis: RedisServer | None = None
     try:
         if real is None:
             sim, urls = start_simulator(args, workdir)
@@ -87,14 +107,25 @@ def fleet(args: argparse.Namespace, queue: bool, real: Any) -> Iterator[Daemon]:
             binary, model = real
             hosts += [start_host(args, binary, model, workdir) for _ in range(args.hosts)]
             urls = [host.url for host in hosts]
-        (workdir / "crossbar").mkdir()
-        config = crossbar_yaml(urls, args.slots, queue, args.workers)
-        proxy = start_daemon(workdir / "crossbar", config)
-        if not proxy.wait(lambda: fleet_ready(proxy, len(urls)), 30):
-            raise SystemExit(f"contention.py: crossbar never saw every host up:\n{proxy.log()}")
+        url = None
+        if replicas > 1 and store:
+            redis = RedisServer(redis_binary(), workdir)
+            redis.start()
+            url = redis.url
+        config = crossbar_yaml(urls, args.slots, queue, args.workers, url)
+        for n in range(replicas):
+            (workdir / f"crossbar-{n}").mkdir()
+            proxy = start_daemon(workdir / f"crossbar-{n}", config)
+            proxies.append(proxy)
+            if not proxy.wait(lambda p=proxy: fleet_ready(p, len(urls)), 30):
+                raise SystemExit(f"contention.py: crossbar never saw every host up:\n{proxy.log()}")
+            if url and not proxy.wait(lambda p=proxy: shared(p), 30):
+                raise SystemExit(f"contention.py: a replica never joined the store:\n{proxy.log()}")
         if args.workers > 1:
             time.sleep(3)  # the other workers start, poll and join worker 0's count
-        yield proxy
+        yield proxies
     finally:
-        for daemon in ([proxy] if proxy else []) + hosts:
+        for daemon in proxies + hosts:
             daemon.stop()
+        if redis is not None:
+            redis.stop()

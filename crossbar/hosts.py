@@ -54,7 +54,8 @@ class Hosts:
         self._configured: dict[str, HostConfig] = dict(config.hosts)
         """The hosts of every config since start that are still in the table."""
         settings = config.settings
-        shared = config.workers > 1  # the other workers' slots are counted too
+        # the other workers' (or replicas') slots are counted too
+        shared = config.workers > 1 or config.shared_state is not None
         self.traffic = Traffic(config.hosts, config.routes, _slots(config), shared)
         self._config = config
         self.model_events = ModelEvents(self.traffic.usage, reactor)

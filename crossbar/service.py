@@ -49,7 +49,7 @@ from crossbar.pages import (
 from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
 from crossbar.proxy import ProxyContext, ProxyResource
 from crossbar.queueing import Traffic, Waits
-from crossbar.sharing import Member, joining, keeping
+from crossbar.sharing import Member, joining, keeping, storing
 from crossbar.sites import PageResources, Private, Sites
 from crossbar.stats import AccessLog, Metrics, Observers
 from crossbar.upstream import describe
@@ -92,7 +92,7 @@ class Crossbar(MultiService):
         access = AccessLog(self.table.knows, text=config.log_format == "text")
         observers = (self.metrics, self.recent, self.hourly, access)
         self._observer = Observers(*observers, *([self.usage] if self.usage else []))
-        self.share = _share(worker, self.traffic, reactor)
+        self.share = _share(config, worker, self.traffic, reactor)
         self.waits = Waits(self.traffic, self.table, reactor, self.share)
         self.prefix_saves = PrefixSaves(self._prefix_files)
         self.prefix_counts = PrefixCounts()
@@ -108,10 +108,10 @@ class Crossbar(MultiService):
         self.metrics.count_connections(self.site)
         for service in (hosts.closer, self.poller, door):
             service.setServiceParent(self)
-        if self.share is not None and worker is not None:
+        if self.share is not None:
             self.share.waits = self.waits
             self.metrics.registry.register(self.share)
-            _sharing(worker, self.share, reactor).setServiceParent(self)
+            _sharing(config, worker, self.share, reactor).setServiceParent(self)
         if shared:
             self.listener.listening.addCallback(self._accept_once_polled)
         if worker is None or worker.index == 0:
@@ -296,17 +296,28 @@ def _private(worker: WorkerInfo) -> Private:
     return Private(peer_secret(worker), lambda port: publish_port(port, where))
 
 
-def _share(worker: WorkerInfo | None, traffic: Traffic, reactor: Any) -> Member | None:
-    """With workers, this worker's part in the fleet's one count of slots."""
-    if worker is None or worker.count < 2:
+def _share(
+    config: Config, worker: WorkerInfo | None, traffic: Traffic, reactor: Any
+) -> Member | None:
+    """With a shared store or workers, this process's part in the fleet's one count of slots."""
+    if config.shared_state is not None:
+        index = "" if worker is None else f" worker {worker.index}"
+        name = f"{gethostname()} pid {os.getpid()}{index}"
+        member = Member(name, traffic, reactor, keeper=f"the store {config.shared_state.shown}")
+    elif worker is not None and worker.count > 1:
+        member = Member(f"worker {worker.index}", traffic, reactor)
+    else:
         return None
-    member = Member(f"worker {worker.index}", traffic, reactor)
     traffic.changed = member.changed
     return member
 
 
-def _sharing(worker: WorkerInfo, member: Member, reactor: Any) -> Service:
-    """Worker 0 keeps the count (on a loopback port, for the others); the others join it."""
+def _sharing(config: Config, worker: WorkerInfo | None, member: Member, reactor: Any) -> Service:
+    """With a store, every process joins it; else worker 0 keeps the count (on a loopback
+    port, for the others) and the others join it."""
+    if config.shared_state is not None:
+        return storing(reactor, member, config.shared_state)
+    assert worker is not None
     secret = peer_secret(worker).value.decode("ascii")
     where = Path(worker.run_dir) / SLOTS_PORT_FILE
     if worker.index == 0:

@@ -24,6 +24,7 @@ from crossbar.config.model import (
     WhenAllDown,
 )
 from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, key_held, mask_url, matching
+from crossbar.config.sharedstate import SharedState
 from crossbar.config.show import effective, to_yaml
 from crossbar.config.yamlfile import load_config
 
@@ -47,6 +48,7 @@ __all__ = [
     "Reloads",
     "RouteConfig",
     "Secret",
+    "SharedState",
     "WhenAllDown",
     "compare",
     "effective",

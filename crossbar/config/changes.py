@@ -11,8 +11,17 @@ import attrs
 
 from crossbar.config.fields import shown_listen
 from crossbar.config.model import Config, HostConfig
+from crossbar.config.sharedstate import SharedState
 
-FIXED = ("listen", "listen_reuse_port", "workers", "status_listen", "log_format", "usage_db")
+FIXED = (
+    "listen",
+    "listen_reuse_port",
+    "workers",
+    "status_listen",
+    "log_format",
+    "usage_db",
+    "shared_state",
+)
 """Keys a reload cannot apply: ports are open and processes, the log observer and the
 usage store are set up once, at start. A change to one is said and the old value kept."""
 
@@ -114,6 +123,8 @@ def moved(old: HostConfig, new: HostConfig) -> bool:
 def _shown(key: str, value: object) -> str:
     if key in ("listen", "status_listen") and isinstance(value, str):
         return shown_listen(value)
+    if isinstance(value, SharedState):
+        return value.shown  # its password masked
     if isinstance(value, bool):
         return "true" if value else "false"  # as YAML writes it
     return "none" if value is None else str(value)

@@ -44,6 +44,7 @@ from crossbar.config.model import (
     RouteConfig,
 )
 from crossbar.config.secrets import PRIORITIES, KeyHolder, Secret, expand, mask_url
+from crossbar.config.sharedstate import parse_shared_state
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 _RESERVED_ROUTES = frozenset({"_crossbar"})
@@ -68,7 +69,7 @@ _LIMIT_PARSERS: dict[str, Any] = {
 _TOP_KEYS = (
     {"listen", "workers", "hosts", "routes", "api_keys", "status_keys", "status_listen"}
     | {"trusted_proxies", "drain_timeout", "log_format", "listen_reuse_port"}
-    | {"usage_db", "usage_retention"}
+    | {"usage_db", "usage_retention", "shared_state"}
     | set(_LIMIT_PARSERS)
     | SETTING_KEYS
 )
@@ -247,6 +248,9 @@ def parse_config(data: object, source: str = "crossbar.yaml", base: Path | None 
             r.one_of("log_format", top.get("log_format", "text"), model_.LOG_FORMATS),
         ),
         usage_db=_usage_db(r, top),
+        shared_state=r.convert("shared_state", parse_shared_state, top.get("shared_state"))
+        if top.get("shared_state") is not None
+        else None,
         usage_retention=r.convert(
             "usage_retention", parse_retention, top.get("usage_retention", 90 * 86400.0)
         ),

@@ -13,6 +13,7 @@ from typing import Literal, get_args
 import attrs
 
 from crossbar.config.secrets import Secret
+from crossbar.config.sharedstate import SharedState
 
 Policy = Literal["priority", "round_robin", "least_busy", "cache_affinity"]
 """How a route picks among the hosts of its best group."""
@@ -216,6 +217,8 @@ class Config:
     lost at exit); ``None``: not kept. A config file's default is a file beside it."""
     usage_retention: float = 90 * 86400.0
     """Seconds usage is kept in ``usage_db`` before it is pruned."""
+    shared_state: SharedState | None = None
+    """The store replicas share one count of the slots through; ``None``: each counts its own."""
     settings: Mapping[str, HostSettings] = attrs.field(
         init=False, default=attrs.Factory(_resolve, takes_self=True), eq=False
     )

@@ -36,6 +36,7 @@ def effective(config: Config) -> dict[str, Any]:
         "log_format": config.log_format,
         "usage_db": config.usage_db or False,  # false: off, as crossbar.yaml writes it
         "usage_retention": config.usage_retention,
+        "shared_state": None if config.shared_state is None else config.shared_state.shown,
         **_limits(config.limits),
         **_settings(config.defaults),
         "hosts": {name: _host(host, config.settings[name]) for name, host in config.hosts.items()},

@@ -51,11 +51,18 @@ class SlotShare(Protocol):
         ...
 
     def owed(
-        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
+        self,
+        host: str,
+        model: str | None,
+        pools: Sequence[Hashable],
+        mine: Sequence[Head],
+        fresh: bool = False,
     ) -> bool:
         """Whether a slot of ``host`` for ``model``, just freed here, is owed to a request
         waiting in another worker for ``pools`` before each of ``mine`` (this worker's
-        first in each pool): then it has been given over, and this worker does not use it."""
+        first in each pool): then it has been given over, and this worker does not use it.
+        ``fresh``: given over whatever this worker knows, for the shared count to offer to
+        the request first by its own, fresher, view (this worker's, perhaps)."""
         ...
 
     def changed(self) -> None:

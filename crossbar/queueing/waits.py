@@ -1,14 +1,11 @@
 """Requests that wait in crossbar for a slot, and which one is sent when a slot frees.
 
-A host's slots are known from the config (``slots:``) or from the host itself (each
-loaded model's ``total_slots``). When every host of a request's best group has all its
-slots for the request's model busy, the request waits here rather than in one host's own
-queue, where it would wait for that host even if another freed a slot first, behind
-whoever came first, unseen. The moment a request leaves a host, the next waiting request
-that host can serve is sent to it: the highest priority band first, then the flow (a key's
-holder, or a client's address) that has had the least service lately
-(:mod:`crossbar.queueing.queue`). A route with ``queue: off``, or whose slots are not known,
-sends every request on at once, as before.
+When every host of a request's best group has all its slots for the request's model busy
+(``slots:``, or each loaded model's ``total_slots``), the request waits here rather than in
+one host's own queue. The moment a request leaves a host, the next waiting request that
+host can serve is sent to it: the highest band first, then the flow (a key's holder, or a
+client's address) with the least service lately (:mod:`crossbar.queueing.queue`). A route
+with ``queue: off``, or whose slots are not known, sends every request on at once.
 
 A ``cache_affinity`` turn whose own host (where its conversation's prompt is cached) has
 every slot busy waits for a slot of that host alone, in a pool of its own, for at most the
@@ -33,11 +30,8 @@ from crossbar.routing import Conversation, best_group, rendezvous, spill_places
 TICK = 1.0
 """Seconds between two looks at what waits (time-outs, hosts come back) while any does."""
 KEEP = 0.025
-"""Seconds a slot stays kept for the flow whose request just ended in it, when that flow
-has nothing else running or waiting and would be served first: its next request takes it,
-rather than finding it given away a moment before it came (then waiting for a whole answer
-to end). On the simulator with the queue full, a light flow's next request came 4.5 ms
-(p50) and 17.6 ms (p95) after its last ended."""
+"""Seconds a slot stays kept for its flow's next request, when that flow has nothing else
+running or waiting and would be served first (why: ``docs/design/queue.md``)."""
 
 
 class Waits:
@@ -51,8 +45,7 @@ class Waits:
         share: SlotShare | None = None,
     ) -> None:
         self.traffic, self.table, self.clock, self.queue = traffic, table, clock, traffic.queue
-        self.share = share
-        """With workers, the others' waiting requests: a freed slot may be owed to one."""
+        self.share = share  # the other workers' (or replicas') waiting requests
         self._routes: dict[str, RouteConfig] = {}
         self._serving: dict[str, list[str]] = {}
         """Each host's routes: the pools a slot of it can serve."""
@@ -61,8 +54,7 @@ class Waits:
         """crossbar stops (:meth:`drain`): a request that would wait is answered 503."""
         self._held: dict[int, Waiting[Waiter]] = {}
         """Every request waiting now, by its number (a stop answers them all)."""
-        self._homing: dict[int, IDelayedCall] = {}
-        """The end of each ``cache_affinity`` turn's wait for its own host, by its number."""
+        self._homing: dict[int, IDelayedCall] = {}  # each turn's end of waiting for home
         self._kept: dict[str, tuple[str, str | None, IDelayedCall]] = {}
         """Each flow's slot kept for it (:data:`KEEP`): the host, the model, the release."""
 
@@ -278,12 +270,15 @@ class Waits:
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _freed(self, host: str, model: str | None, ending: Flow | None) -> None:
-        """One of ``host``'s slots for ``model`` is free (``ending``: the flow whose
-        request just ended in it, if that is how): kept for it, owed to a request waiting
-        in another worker, or taken by the next request waiting here."""
+    def _freed(
+        self, host: str, model: str | None, ending: Flow | None, released: bool = False
+    ) -> None:
+        """A slot of ``host`` for ``model`` is free (``ending``: the flow whose request just
+        ended in it): kept for it, owed to a request waiting in another worker, or taken here.
+        ``released``: kept and not taken: the shared count's fresher order decides."""
         share = self.share
-        if not self.queue.waiting() and (share is None or not share.waiting()):
+        fresh = released and share is not None
+        if not fresh and not self.queue.waiting() and (share is None or not share.waiting()):
             return  # nothing waits: costs nothing
         state = self.table.view.get(host)
         if state is not None and not state.healthy:
@@ -292,7 +287,7 @@ class Waits:
         if ending is not None and self._keep(ending, host, model, pools):
             return
         if share is not None and share.owed(
-            host, model, pools, [*self.queue.heads(pools).values()]
+            host, model, pools, [*self.queue.heads(pools).values()], fresh
         ):
             return
         self._send(pools)
@@ -338,7 +333,7 @@ class Waits:
             if later.active():
                 later.cancel()
             self.traffic.move(host, None, model)
-            self._freed(host, model, None)
+            self._freed(host, model, None, released=True)
 
     def _send(self, pools: list[Hashable]) -> None:
         """The next request a freed slot of ``pools`` can serve goes to it."""
@@ -361,13 +356,19 @@ class Waits:
             waiting.item.shed(Refused(429, words, 1, "timeout"))
         pools = {w.pool for w in self._held.values()}
         for pool in pools:
-            while self.queue.waiting(pool) and self._has_room(pool):
+            while self.queue.waiting(pool) and self._has_room(pool) and not self._behind(pool):
                 before = self.queue.waiting(pool)
                 self._send([pool])
                 if self.queue.waiting(pool) == before:  # every flow at its max_in_flight
                     break
         if self.queue.waiting():
             self._timer = self.clock.callLater(TICK, self._tick)
+
+    def _behind(self, pool: Hashable) -> bool:
+        """Whether a request waiting in another worker comes before this pool's first."""
+        share = self.share
+        head = None if share is None else self.queue.heads([pool]).get(pool)
+        return head is not None and share is not None and share.ahead([pool], head)
 
     def _has_room(self, pool: Any) -> bool:
         """Whether a request of ``pool`` can go now: a host of its group (of the host it

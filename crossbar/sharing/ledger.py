@@ -69,6 +69,21 @@ class SlotLedger:
         self._lease = lease
         self._members: dict[str, _Member] = {}
 
+    @classmethod
+    def of(
+        cls, reports: Mapping[str, Holding], offered: Iterable[tuple[str, SlotKey]]
+    ) -> SlotLedger:
+        """A ledger holding these reports, and these slots offered to their members (as
+        the shared store keeps them: :mod:`crossbar.sharing.store`)."""
+        ledger = cls()
+        for name, report in reports.items():
+            ledger.report(name, report, 0.0)
+        for name, key in offered:
+            member = ledger._members.get(name)
+            if member is not None:
+                member.offered[key] = member.offered.get(key, 0) + 1
+        return ledger
+
     def join(self, name: str, now: float) -> None:
         """Member ``name`` connects (again): it starts with nothing counted."""
         self._members[name] = _Member(now)

@@ -15,6 +15,7 @@ from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
+from twisted.logger import Logger, LogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -22,6 +23,13 @@ from crossbar.sharing import wire
 from crossbar.sharing.keeper import Keeper, KeeperFactory, abort
 from crossbar.sharing.ledger import HEARTBEAT, LEASE, Holding, SlotKey, View
 from crossbar.sharing.member import Member
+
+
+class QuietClientService(ClientService):
+    """A :class:`ClientService` that does not log each try: the member says once that the
+    shared count is lost, and once that it is back."""
+
+    _log = Logger(observer=LogPublisher())  # observed by nobody
 
 
 class LocalLink:
@@ -163,7 +171,7 @@ def joining(reactor: Any, member: Member, secret: str, find: Callable[[], int | 
     factory = Factory.forProtocol(lambda: MemberProtocol(member, secret))
     policy = backoffPolicy(initialDelay=0.2, maxDelay=5.0, factor=2.0)
     service = MultiService()
-    ClientService(
+    QuietClientService(
         _PortFileEndpoint(reactor, find), factory, retryPolicy=policy, clock=reactor
     ).setServiceParent(service)
     return service

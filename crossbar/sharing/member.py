@@ -32,8 +32,12 @@ class Uplink(Protocol):
 class Member:
     """One worker's view of the others: a :class:`~crossbar.queueing.SlotShare`."""
 
-    def __init__(self, name: str, traffic: Traffic, clock: IReactorTime) -> None:
+    def __init__(
+        self, name: str, traffic: Traffic, clock: IReactorTime, keeper: str = "worker 0"
+    ) -> None:
         self.name, self.traffic, self.clock = name, traffic, clock
+        self.keeper = keeper
+        """Who keeps the count, as the log names it: worker 0, or the shared store."""
         self.waits: Waits | None = None
         """Set once built (the queue is given this member when it is made)."""
         self.uplink: Uplink | None = None
@@ -64,13 +68,18 @@ class Member:
         return any(p in heads and self._order(heads[p]) < order for p in pools)
 
     def owed(
-        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
+        self,
+        host: str,
+        model: str | None,
+        pools: Sequence[Hashable],
+        mine: Sequence[Head],
+        fresh: bool = False,
     ) -> bool:
         uplink, heads = self.uplink, self._others.heads
         first = min((self._order(heads[p]) for p in pools if p in heads), default=None)
-        if uplink is None or first is None:
+        if uplink is None or (first is None and not fresh):
             return False
-        if any(self._order(head) <= first for head in mine):
+        if not fresh and first is not None and any(self._order(h) <= first for h in mine):
             return False
         self._gift += 1  # held elsewhere, as this worker counts, until worker 0 has counted it
         self._gifts.append((self._gift, (host, model)))
@@ -132,7 +141,7 @@ class Member:
         """``crossbar_shared_count_up``: 1 while worker 0's count is heard, for /metrics."""
         yield GaugeMetricFamily(
             "crossbar_shared_count_up",
-            "Whether this worker counts the other workers' slots (1) or its own only (0)",
+            "Whether this process counts the other processes' slots (1) or its own only (0)",
             value=1 if self.up else 0,
         )
 
@@ -155,9 +164,10 @@ class Member:
         self._due = None
         if not self._lost_said:
             log.warn(
-                "{name}: the shared slot count (worker 0) is lost ({why}): counting this "
-                "worker's requests only until it is back",
+                "{name}: the shared slot count ({keeper}) is lost ({why}): counting this "
+                "process's requests only until it is back",
                 name=self.name,
+                keeper=self.keeper,
                 why=why,
             )
             self._lost_said = True

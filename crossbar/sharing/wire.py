@@ -104,7 +104,7 @@ def load_counts(text: str) -> dict[SlotKey, int]:
     for item in _list(text):
         if isinstance(item, list) and len(item) == 3:
             host, model, n = item
-            if _name(host) and (model is None or _name(model)) and _count(n):
+            if is_name(host) and (model is None or is_name(model)) and is_count(n):
                 found[host, model] = n
     return found
 
@@ -118,7 +118,7 @@ def load_heads(text: str) -> dict[Hashable, Head]:
     """Heads as :func:`dump_heads` wrote them: pools as tuples again; malformed ones left out."""
     found: dict[Hashable, Head] = {}
     for pool, head in _heads(text, 4):
-        if _name(head[3]):
+        if is_name(head[3]):
             found[pool] = (head[0], head[1], float(head[2]), head[3])
     return found
 
@@ -129,9 +129,9 @@ def _heads(text: str, size: int) -> list[tuple[Hashable, list[Any]]]:
         if not (isinstance(item, list) and len(item) == 2):
             continue
         pool, head = item
-        if not (_pool(pool) and isinstance(head, list) and len(head) == size):
+        if not (is_pool(pool) and isinstance(head, list) and len(head) == size):
             continue
-        if _count(head[0]) and _count(head[1]) and _time(head[2]):
+        if is_count(head[0]) and is_count(head[1]) and is_time(head[2]):
             found.append((tuple(pool), head))
     return found
 
@@ -144,7 +144,7 @@ def load_flows(text: str) -> dict[str, int]:
     """Each flow's requests in flight; malformed entries left out."""
     found: dict[str, int] = {}
     for item in _list(text):
-        if isinstance(item, list) and len(item) == 2 and _name(item[0]) and _count(item[1]):
+        if isinstance(item, list) and len(item) == 2 and is_name(item[0]) and is_count(item[1]):
             found[item[0]] = item[1]
     return found
 
@@ -155,7 +155,7 @@ def dump_slot(host: str, model: str | None) -> str:
 
 def load_slot(text: str) -> SlotKey | None:
     item = _list(text)
-    if len(item) == 2 and _name(item[0]) and (item[1] is None or _name(item[1])):
+    if len(item) == 2 and is_name(item[0]) and (item[1] is None or is_name(item[1])):
         return item[0], item[1]
     return None
 
@@ -165,7 +165,7 @@ def dump_pools(pools: list[Hashable]) -> str:
 
 
 def load_pools(text: str) -> list[Hashable]:
-    return [tuple(p) for p in _list(text) if _pool(p)]
+    return [tuple(p) for p in _list(text) if is_pool(p)]
 
 
 def _list(text: str) -> list[Any]:
@@ -176,22 +176,22 @@ def _list(text: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _name(value: object) -> bool:
+def is_name(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= 1024
 
 
-def _pool(value: object) -> bool:
+def is_pool(value: object) -> bool:
     """A pool: a route, a model (or none), and perhaps a host; names only."""
     return (
         isinstance(value, list)
         and 2 <= len(value) <= 3
-        and all(p is None or _name(p) for p in value)
+        and all(p is None or is_name(p) for p in value)
     )
 
 
-def _time(value: object) -> bool:
+def is_time(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _count(value: object) -> bool:
+def is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31

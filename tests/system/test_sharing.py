@@ -12,14 +12,18 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest_twisted
 
+from crossbar.sharing import LEASE
+from crossbar.sharing.storelink import BEAT
 from crossbar.testing import SimulatedHost
 from tests.support import Daemon, start_daemon
 from tests.support.processes import beside, children, fetch, wait_until
+from tests.support.redis import RedisServer, running_redis
 
 CHUNK = 0.05
 """Seconds between two tokens of the simulated host."""
@@ -115,3 +119,107 @@ async def test_a_worker_killed_holding_a_slot_gives_it_back_at_once(tmp_path: Pa
     result = await beside(sim, slots_back_when_a_worker_dies, tmp_path)
     assert result["status"] == 200, result["output"]
     assert result["seconds"] < 10  # not kept waiting for a slot a dead worker held
+
+
+# -- replicas sharing a Redis store (shared_state) -------------------------------------------
+
+
+def replica_config(sim_url: str, store_url: str) -> str:
+    return config(sim_url).replace("workers: 2\n", f"shared_state: {store_url}\n")
+
+
+def joined(daemon: Daemon) -> bool:
+    return "crossbar_shared_count_up 1.0" in fetch(daemon.url + "/_crossbar/metrics").decode()
+
+
+def holds(daemon: Daemon) -> bool:
+    metrics = fetch(daemon.url + "/_crossbar/metrics").decode()
+    return 'crossbar_in_flight_requests{host="gpu-a"} 1.0' in metrics
+
+
+@contextmanager
+def two_replicas(tmp_path: Path, sim_url: str, store_url: str) -> Iterator[list[Daemon]]:
+    """Two crossbars in front of the host, once both share the store's count."""
+    replicas: list[Daemon] = []
+    try:
+        for n in range(2):
+            folder = tmp_path / f"replica-{n}"
+            folder.mkdir()
+            replicas.append(start_daemon(folder, replica_config(sim_url, store_url)))
+        for replica in replicas:
+            wait_until(lambda r=replica: joined(r), "each replica to share the store's count")
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def replicas_never_twice(tmp_path: Path, sim_url: str, store_url: str) -> dict[str, Any]:
+    with two_replicas(tmp_path, sim_url, store_url) as replicas, ThreadPoolExecutor(8) as pool:
+        first = pool.submit(chat, replicas[0])  # 40 tokens, 2 s: the one slot is taken
+        wait_until(lambda: holds(replicas[0]), "the first request")
+        time.sleep(MARGIN)
+        rest = [pool.submit(chat, replicas[n % 2], 4) for n in range(5)]  # alternating
+        answers = [first.result(), *(f.result() for f in rest)]
+        return {"answers": answers, "output": "".join(r.output() for r in replicas)}
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_replicas_never_send_the_host_more_than_its_one_slot(tmp_path: Path) -> None:
+    sim = SimulatedHost({"m1": "loaded"}, slots=1, chunks=40, chunk_interval=CHUNK)
+    with running_redis(tmp_path) as store:
+        work = partial(replicas_never_twice, store_url=store.url)
+        result = await beside(sim, work, tmp_path)
+    assert [status for status, _ in result["answers"]] == [200] * 6, result["output"]
+    assert sim.counts()["most_waiting_in_host"] == 0, result["output"]  # every wait in crossbar
+    assert "is lost" not in result["output"]
+
+
+def slots_back_when_a_replica_dies(tmp_path: Path, sim_url: str, store_url: str) -> dict[str, Any]:
+    with two_replicas(tmp_path, sim_url, store_url) as replicas, ThreadPoolExecutor(2) as pool:
+        pool.submit(chat, replicas[0])  # 400 tokens, 20 s: the one slot is taken
+        wait_until(lambda: holds(replicas[0]), "the first request")
+        replicas[0].proc.send_signal(signal.SIGKILL)  # it dies holding the host's one slot
+        killed = time.monotonic()
+        status, _ = chat(replicas[1], 1)  # waits for the slot only until the lease runs out
+        return {"status": status, "seconds": time.monotonic() - killed,
+                "output": replicas[1].output()}  # fmt: skip
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_replica_killed_holding_a_slot_gives_it_back_within_the_lease(
+    tmp_path: Path,
+) -> None:
+    """Only the store can tell the other replica that the slot is free: it drops the dead
+    one a lease (10 s) after its last word, and offers its slot to the request waiting."""
+    sim = SimulatedHost({"m1": "loaded"}, slots=1, chunks=400, chunk_interval=CHUNK)
+    with running_redis(tmp_path) as store:
+        work = partial(slots_back_when_a_replica_dies, store_url=store.url)
+        result = await beside(sim, work, tmp_path)
+    assert result["status"] == 200, result["output"]
+    assert result["seconds"] < LEASE + BEAT + 1, result
+
+
+def store_lost_and_back(tmp_path: Path, sim_url: str, store: RedisServer) -> dict[str, Any]:
+    with two_replicas(tmp_path, sim_url, store.url) as replicas:
+        store.stop()
+        wait_until(lambda: not any(joined(r) for r in replicas), "both to count their own")
+        served = [chat(r, 1)[0] for r in replicas]  # traffic goes on without the store
+        store.start()
+        wait_until(lambda: all(joined(r) for r in replicas), "both to share the count again")
+        wait_until(lambda: all("count is back" in r.output() for r in replicas), "the log")
+        return {"served": served, "output": [r.output() for r in replicas]}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_stops_never_stops_traffic(tmp_path: Path) -> None:
+    """Each replica says once that it counts its own, serves on, and comes back by itself."""
+    sim = SimulatedHost({"m1": "loaded"}, slots=1, chunks=4, chunk_interval=CHUNK)
+    with running_redis(tmp_path) as store:
+        result = await beside(sim, partial(store_lost_and_back, store=store), tmp_path)
+    assert result["served"] == [200, 200]
+    for output in result["output"]:
+        lost = [line for line in output.splitlines() if "the shared slot count" in line]
+        assert len(lost) == 2, output  # once lost, once back
+        assert "is lost" in lost[0] and "redis://127.0.0.1:" in lost[0]
+        assert "is back" in lost[1]

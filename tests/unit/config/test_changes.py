@@ -220,6 +220,12 @@ FIXED_CHANGES = [
         "usage_db",
         "usage_db changed from none to /var/lib/crossbar/usage.sqlite3",
     ),
+    (
+        {},
+        {"shared_state": "redis://:secret-pw@store:6379/1"},
+        "shared_state",
+        "shared_state changed from none to redis://:****@store:6379/1",
+    ),
 ]
 
 

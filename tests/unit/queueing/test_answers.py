@@ -5,11 +5,16 @@ worker, and a slot freed elsewhere is taken by the request waiting first here.""
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import cast
+
+from twisted.internet.task import Clock
 
 from crossbar.queueing import Flow, Go, Head, Queued, Traffic, Waits
+from crossbar.queueing.waits import KEEP, TICK
 from tests.support.waiting import Told, proxy
 
 ALICE = Flow("alice", 1, None, 1)
+ALICE_HEAD = (1, 0, 0.0, "alice")
 
 
 class OtherWorkers:
@@ -27,11 +32,16 @@ class OtherWorkers:
         return self.first
 
     def owed(
-        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
+        self,
+        host: str,
+        model: str | None,
+        pools: Sequence[Hashable],
+        mine: Sequence[Head],
+        fresh: bool = False,
     ) -> bool:
-        if self.first:
+        if self.first or fresh:  # given over: the shared count decides where it goes
             self.given.append((host, model, list(mine)))
-        return self.first
+        return self.first or fresh
 
     def changed(self) -> None:
         self.changes += 1
@@ -91,3 +101,34 @@ def test_the_other_workers_slots_make_a_host_full_here() -> None:
     assert isinstance(waits.admit(Told(), route, "m", ALICE), Queued)
     traffic.set_others({("gpu-a", "m"): 1})
     assert isinstance(waits.admit(Told(), route, "m", Flow("bob", 1)), Go)  # gpu-b is free
+
+
+def test_a_kept_slot_its_flow_did_not_take_goes_by_the_fleet_s_order() -> None:
+    """The flow's next request may have gone to another worker or replica, which the shared
+    count hears of before this one does: the slot is given over, whatever this worker knows
+    waits elsewhere, and the shared count offers it to the first request anywhere."""
+    waits, others, _ = shared_waits(first=False)
+    route, here = waits.route("lab"), Told()
+    assert route is not None
+    waits.admit(here, route, "m", ALICE)  # normal band: waits here
+    waits.release(Flow("bob", 0, None, 1), "gpu-a", "m", 1.0)  # interactive: kept for bob
+    assert others.given == [] and here.told == []
+    cast(Clock, waits.clock).advance(KEEP)  # bob's next request did not come here
+    assert others.given == [("gpu-a", "m", [ALICE_HEAD])]
+    assert here.told == []  # the shared count offers it: to alice, if she is first
+
+
+def test_a_request_waiting_first_elsewhere_is_not_passed_by_a_look_at_the_queue() -> None:
+    """When room shows in the shared count (a slot freed elsewhere), the queue's periodic
+    look sends nothing while another worker's request waits first: that one gets it."""
+    waits, others, traffic = shared_waits(first=True)
+    route, here = waits.route("lab"), Told()
+    assert route is not None
+    waits.admit(here, route, "m", ALICE)
+    traffic.move("gpu-a", None, "m")  # freed in another worker, as the count now shows
+    clock = cast(Clock, waits.clock)
+    clock.advance(TICK)
+    assert here.told == []
+    others.first = False  # now it waits first
+    clock.advance(TICK)
+    assert here.told and here.told[0][0] == "dispatched"

@@ -10,10 +10,11 @@ from typing import Any, cast
 
 from twisted.internet.task import Clock
 
-from crossbar.queueing import Head, Traffic
+from crossbar.queueing import Traffic
 from crossbar.sharing.ledger import Holding, SlotKey, View
 from crossbar.sharing.member import Member
 from crossbar.testing import LogCapture
+from tests.support.sharing import StubWaits
 
 SLOT = ("gpu-a", "m")
 CHAT = ("chat", "m")
@@ -33,44 +34,12 @@ class Uplink:
         self.sent.append(("give", slot, list(pools), gift))
 
 
-class Queue:
-    """The worker's fair queue, as far as the member reads it."""
-
-    def __init__(self) -> None:
-        self.waiting: dict[Hashable, Head] = {}
-        self.flows: dict[str, int] = {}
-
-    def heads(self) -> dict[Hashable, Head]:
-        return dict(self.waiting)
-
-    def running(self) -> dict[str, int]:
-        return dict(self.flows)
-
-    def flow(self, name: str) -> tuple[int, int]:
-        return 0, self.flows.get(name, 0)
-
-
-class Waits:
-    """The worker's queue: its heads, and offered slots (taken by a waiting request, which
-    then counts in the traffic)."""
-
-    def __init__(self, traffic: Traffic, takes: bool) -> None:
-        self.traffic, self.takes, self.queue = traffic, takes, Queue()
-        self.offers: list[SlotKey] = []
-
-    def offered(self, host: str, model: str | None) -> bool:
-        self.offers.append((host, model))
-        if self.takes:
-            self.traffic.move(None, host, model)
-        return self.takes
-
-
-def member(up: bool = True, takes: bool = False) -> tuple[Member, Uplink, Clock, Waits]:
+def member(up: bool = True, takes: bool = False) -> tuple[Member, Uplink, Clock, StubWaits]:
     clock = Clock()
     traffic = Traffic(["gpu-a", "gpu-b"], ["chat"], shared=True)
     found = Member("w1", traffic, clock)
     traffic.changed = found.changed
-    waits = Waits(traffic, takes)
+    waits = StubWaits(traffic, takes)
     found.waits = cast(Any, waits)
     uplink = Uplink()
     if up:
@@ -138,6 +107,17 @@ def test_a_freed_slot_stays_when_nobody_elsewhere_waits_for_it() -> None:
     assert not m.owed("gpu-a", "m", [CHAT, HOME], [])
     assert not m.ahead([CHAT], (9, 9, 9.0, "x"))
     assert uplink.sent == []
+
+
+def test_a_fresh_look_gives_the_slot_over_whatever_this_worker_knows() -> None:
+    """A kept slot its flow did not take: the shared count knows sooner where the flow's
+    next request waits, so it decides (it may offer the slot back here)."""
+    m, uplink, _, _ = member()
+    mine = (0, 0, 1.0, "alice")
+    assert m.owed("gpu-a", "m", [CHAT], [mine], fresh=True)  # nothing known elsewhere
+    assert uplink.sent == [("give", SLOT, [CHAT], 1)]
+    m.lost("gone")
+    assert not m.owed("gpu-a", "m", [CHAT], [mine], fresh=True)  # nobody to decide: here
 
 
 def test_a_gift_counts_as_held_elsewhere_until_worker_0_has_counted_it() -> None:
