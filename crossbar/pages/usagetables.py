@@ -24,7 +24,8 @@ from crossbar.usage import UsageLedger
 
 REFRESH_SECONDS = 10.0
 BY = ("route", "key", "model", "asked_model")
-"""What the page reads the store by: a few rows a minute of each key, host and model."""
+"""What the page reads the store by, once for today and once for the week: the keys',
+routes' and models' tables are each folded from the same rows."""
 log = Logger()
 
 

@@ -32,6 +32,7 @@ GROUPS = ("route", "host", "model", "key", "asked_model")
 ADDED = ("loads",)
 """Sums a file made by an earlier crossbar may lack: added (as 0 in its rows) when it opens."""
 PLACED = ("minute", *GROUPS)
+"""The columns of a row's key: a :data:`crossbar.usage.sums.Place`, in order."""
 
 
 def _column(name: str) -> str:

@@ -140,6 +140,19 @@ CREATE TABLE usage_minutes (
     PRIMARY KEY (minute, route, host, model, key)
 ) WITHOUT ROWID
 """
+OLD_ROW = "(0, 'lab', 'gpu-a', 'm', 'alice', 3, 0, 30, 0, 6, 3, 1.5, 3, 90.0)"
+
+
+def old_file(folder: Path, *rows: str) -> Path:
+    """A usage file as a crossbar before ``loads`` and ``asked_model`` made it, with ``rows``."""
+    path = folder / "u.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute(OLD_SCHEMA)
+    for row in rows:
+        old.execute(f"INSERT INTO usage_minutes VALUES {row}")
+    old.commit()
+    old.close()
+    return path
 
 
 def test_a_file_made_before_loads_were_kept_opens_and_counts_them_from_then(
@@ -147,13 +160,7 @@ def test_a_file_made_before_loads_were_kept_opens_and_counts_them_from_then(
 ) -> None:
     """A file an earlier crossbar made, without the ``loads`` column: it opens, its rows
     read 0 loads, and loads written since add up (two workers opening it add it once)."""
-    path = tmp_path / "u.sqlite3"
-    old = sqlite3.connect(path)
-    old.execute(OLD_SCHEMA)
-    old.execute("INSERT INTO usage_minutes VALUES (0, 'lab', 'gpu-a', 'm', 'alice',"
-                " 3, 0, 30, 0, 6, 3, 1.5, 3, 90.0)")  # fmt: skip
-    old.commit()
-    old.close()
+    path = old_file(tmp_path, OLD_ROW)
     store, again = opened(path), opened(path)
     store.add({(0, "lab", "gpu-a", "m", "alice", ""): ROW,
                (60, "lab", "gpu-a", "m", "bob", ""): ROW})  # fmt: skip
@@ -172,11 +179,7 @@ def test_requests_not_served_are_kept_by_why_across_a_restart_and_an_old_file_ga
 ) -> None:
     """A file an earlier crossbar made has no table of requests not served: it gets one
     when it opens; what is written there is kept across a restart, and pruned."""
-    path = tmp_path / "u.sqlite3"
-    old = sqlite3.connect(path)
-    old.execute(OLD_SCHEMA)
-    old.commit()
-    old.close()
+    path = old_file(tmp_path)
     store = opened(path)
     refused = {(0, "lab", "alice", "path"): 2, (60, "lab", "alice", "limit"): 1}
     store.add({}, refused)
@@ -199,13 +202,7 @@ def test_a_file_made_before_names_sent_were_kept_opens_and_keeps_each_name_apart
     """A file an earlier crossbar made, without ``asked_model`` (and ``loads``): it opens
     (two workers change it once), its rows read as sent by the model's own name, and rows
     written since keep each name sent apart while the model's sums take them all."""
-    path = tmp_path / "u.sqlite3"
-    old = sqlite3.connect(path)
-    old.execute(OLD_SCHEMA)
-    old.execute("INSERT INTO usage_minutes VALUES (0, 'lab', 'gpu-a', 'm', 'alice',"
-                " 3, 0, 30, 0, 6, 3, 1.5, 3, 90.0)")  # fmt: skip
-    old.commit()
-    old.close()
+    path = old_file(tmp_path, OLD_ROW)
     store, again = opened(path), opened(path)
     store.add({(0, "lab", "gpu-a", "m", "alice", "claude-sonnet-4-5"): ROW})
     again.add({(0, "lab", "gpu-a", "m", "alice", "claude-sonnet-4-5"): ROW,
