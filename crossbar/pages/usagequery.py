@@ -8,8 +8,11 @@ Parameters (each at most once; anything else is a 400 naming it):
     ``2026-12-01``, its midnight UTC; no offset: UTC) or epoch seconds (``1764579600``).
     The minutes that *begin* in ``[since, until)`` are summed. Default: the 24 h up to now.
 ``by``
-    ``key`` (the default), ``model``, ``host``, ``route``, or several joined by commas
-    (``route,key``).
+    ``key`` (the default), ``model``, ``host``, ``route``, ``asked_model``, or several
+    joined by commas (``route,key``). ``asked_model`` is the name a client sent that a
+    route's alias mapped to the model served (``null``, or an empty cell: the model's own
+    name); grouped by ``model`` without it, each group says in ``asked_as`` which names
+    were sent for it and how many requests each.
 ``format``
     ``json`` (the default) or ``csv``.
 
@@ -123,6 +126,34 @@ def _shown(text: str) -> str:
     return text if len(text) <= 64 else text[:61] + "..."
 
 
+def asked_as(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows grouped by ``by`` and ``asked_model`` (the store's, in that order) folded into
+    one a group of ``by``: its sums added up, and ``asked_as``, the names sent that an alias
+    mapped, each with its requests."""
+    folded: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        names = tuple(row[name] for name in by)
+        group = folded.get(names)
+        if group is None:
+            group = folded[names] = dict(zip(by, names, strict=True)) | dict.fromkeys(COUNTS, 0)
+            group["asked_as"] = {}
+        for name in COUNTS:
+            group[name] += row[name]
+        if row["asked_model"]:
+            group["asked_as"][row["asked_model"]] = row["requests"]
+    return list(folded.values())
+
+
+def _folds(by: Sequence[str]) -> bool:
+    """Whether groups ``by`` say which names were sent for their model (:func:`asked_as`)."""
+    return "model" in by and "asked_model" not in by
+
+
+def _named(row: Mapping[str, Any], name: str) -> Any:
+    """A group's name: ``None`` for the ``asked_model`` of a model sent as itself."""
+    return row[name] or None if name == "asked_model" else row[name]
+
+
 def figures(sums: Mapping[str, Any]) -> dict[str, Any]:
     """The store's plain sums of a group as :data:`FIGURES` names them."""
     prompt = sums["prompt_tokens"]
@@ -158,23 +189,32 @@ def as_json(
         "until": rfc3339(ask.until),
         "by": list(ask.by),
         "kept_seconds": retention,
-        "groups": [{name: row[name] for name in ask.by} | figures(row) for row in rows],
+        "groups": [
+            {name: _named(row, name) for name in ask.by}
+            | ({"asked_as": row["asked_as"]} if "asked_as" in row else {})
+            | figures(row)
+            for row in rows
+        ],
         "total": figures(total(rows)),
         "refused": [dict(row) for row in refused],
     }
 
 
 def as_csv(ask: UsageQuery, rows: Sequence[Mapping[str, Any]]) -> str:
-    """A header, then a line a group: its names quoted, its figures as numbers. A name a
-    spreadsheet would take for a formula (a model's name comes from a host) starts with
-    ``'``."""
-    lines = [",".join((*ask.by, *FIGURES))]
+    """A header, then a line a group: its names quoted, its figures as numbers, and last,
+    grouped by model, ``asked_as`` (``claude-haiku-4-5: 3; claude-sonnet-4-5: 12``). A name
+    a spreadsheet would take for a formula (a model's name comes from a host, a name sent
+    from a client) starts with ``'``."""
+    folds = _folds(ask.by)
+    lines = [",".join((*ask.by, *FIGURES, *(("asked_as",) if folds else ())))]
     for row in rows:
         shown = figures(row)
-        names = [_cell(str(row[name])) for name in ask.by]
-        lines.append(
-            ",".join((*names, *("" if shown[f] is None else str(shown[f]) for f in FIGURES)))
-        )
+        cells = [_cell(str(_named(row, name) or "")) for name in ask.by]
+        cells += ("" if shown[f] is None else str(shown[f]) for f in FIGURES)
+        if folds:
+            sent = "; ".join(f"{name}: {n}" for name, n in row.get("asked_as", {}).items())
+            cells.append(_cell(sent))
+        lines.append(",".join(cells))
     return "".join(line + "\r\n" for line in lines)
 
 
@@ -203,9 +243,12 @@ async def answer(request: IRequest, ledger: UsageLedger | None, clock: IReactorT
     if ledger is None or ledger.off is not None:
         reason = "usage_db is off" if ledger is None else ledger.off
         return _json(request, 503, {"error": "usage is not kept", "reason": reason})
-    asked: Deferred[list[dict[str, Any]]] = ledger.query(ask.since, ask.until, ask.by)
+    by = (*ask.by, "asked_model") if _folds(ask.by) else ask.by
+    asked: Deferred[list[dict[str, Any]]] = ledger.query(ask.since, ask.until, by)
     try:
         rows = await asked.addTimeout(QUERY_SECONDS, clock)
+        if by != ask.by:
+            rows = asked_as(rows, ask.by)
         refused = [] if ask.format == "csv" else await ledger.refused(ask.since, ask.until)
     except TimeoutError:
         reason = f"the usage store has not answered in {QUERY_SECONDS:g} s; the query was stopped"

@@ -1,5 +1,6 @@
-"""The status page's usage tables: per key and per route, the tokens of today and of this
-week, read from the usage store.
+"""The status page's usage tables: per key, per route and per model served (with the names
+sent that a route's alias mapped to it), the tokens of today and of this week, read from
+the usage store.
 
 The page reloads every few seconds; the store is read at most every
 :data:`REFRESH_SECONDS`, on its own thread, and the page shows the last answer it has
@@ -22,6 +23,9 @@ from twisted.web.template import Flattenable, Tag, tags
 from crossbar.usage import UsageLedger
 
 REFRESH_SECONDS = 10.0
+BY = ("route", "key", "model", "asked_model")
+"""What the page reads the store by, once for today and once for the week: the keys',
+routes' and models' tables are each folded from the same rows."""
 log = Logger()
 
 
@@ -42,13 +46,17 @@ class Tokens:
 
 @attrs.frozen
 class UsageTotals:
-    """Each key's and each route's tokens, ``(today, this week)``."""
+    """Each key's, each route's and each model's tokens, ``(today, this week)``."""
 
     keys: Mapping[str, tuple[Tokens, Tokens]]
     routes: Mapping[str, tuple[Tokens, Tokens]]
     refused: Sequence[Mapping[str, Any]] = ()
     """Today's requests not served (crossbar's refusals, a host's 4xx), by route, key and
     why: never in the keys' tokens or requests."""
+    models: Mapping[str, tuple[Tokens, Tokens]] = attrs.field(factory=dict)
+    """By the model served, whatever name it was sent by."""
+    sent: Mapping[str, Sequence[str]] = attrs.field(factory=dict)
+    """A model's names sent this week that an alias mapped to it, sorted."""
 
 
 UsageView = UsageTotals | str | None
@@ -68,21 +76,26 @@ def totals(
     week: Sequence[Mapping[str, Any]],
     refused: Sequence[Mapping[str, Any]] = (),
 ) -> UsageTotals:
-    """The store's sums by route and key, folded per key and per route; ``refused``:
-    today's requests not served, as the store lists them."""
-    keys: dict[str, list[Tokens]] = {}
-    routes: dict[str, list[Tokens]] = {}
+    """The store's sums by route, key, model and name sent (:data:`BY`; a row without a
+    model or name sent is left out of the models' table only), folded per key, per route
+    and per model; ``refused``: today's requests not served, as the store lists them."""
+    tables: tuple[dict[str, list[Tokens]], ...] = ({}, {}, {})
+    sent: dict[str, set[str]] = {}
     for i, rows in enumerate((today, week)):
         for row in rows:
             tokens = Tokens(row["requests"], row["prompt_tokens"], row["cached_tokens"],
                             row["completion_tokens"], row["loads"])  # fmt: skip
-            for table, name in ((keys, row["key"]), (routes, row["route"])):
-                pair = table.setdefault(name, [Tokens(), Tokens()])
-                pair[i] += tokens
+            model = row.get("model")
+            for table, name in zip(tables, (row["key"], row["route"], model), strict=True):
+                if name is not None:
+                    pair = table.setdefault(name, [Tokens(), Tokens()])
+                    pair[i] += tokens
+            if model is not None and row.get("asked_model"):
+                sent.setdefault(model, set()).add(row["asked_model"])
+    keys, routes, models = ({name: (p[0], p[1]) for name, p in sorted(table.items())}
+                            for table in tables)  # fmt: skip
     return UsageTotals(
-        {name: (p[0], p[1]) for name, p in sorted(keys.items())},
-        {name: (p[0], p[1]) for name, p in sorted(routes.items())},
-        tuple(refused),
+        keys, routes, tuple(refused), models, {m: sorted(names) for m, names in sent.items()}
     )
 
 
@@ -112,7 +125,7 @@ class UsageTables:
 
     async def _read(self, ledger: UsageLedger, now: float) -> None:
         day, week = day_and_week(now, self._zone)
-        by = ("route", "key")
+        by = BY
         # crossbar's own two reads, once a minute: never refused for the page's queries
         reads = [ledger.query(t, now + 60, by, capped=False) for t in (day, week)]
         reads.append(ledger.refused(day, now + 60))
@@ -141,6 +154,7 @@ def usage_tables(view: UsageView) -> Flattenable:
         tags.p(note, class_="muted"),
         _table("usage-keys", "Key", view.keys),
         _table("usage-routes", "Route", view.routes),
+        _table("usage-models", "Model", view.models, view.sent),
         _refused(view.refused),
     ]
 
@@ -159,11 +173,18 @@ def _refused(rows: Sequence[Mapping[str, Any]]) -> Tag:
     return tags.table(head, tags.tbody(*(lines or [empty])), id="usage-refused")
 
 
-def _table(id_: str, what: str, rows: Mapping[str, tuple[Tokens, Tokens]]) -> Tag:
+def _table(
+    id_: str,
+    what: str,
+    rows: Mapping[str, tuple[Tokens, Tokens]],
+    sent: Mapping[str, Sequence[str]] | None = None,
+) -> Tag:
+    """One row a name; a model's names ``sent`` that an alias mapped to it follow it, as
+    ``qwen3-coder-30b (as claude-haiku-4-5, claude-sonnet-4-5)``."""
     head = tags.thead(tags.tr(tags.th(what), tags.th("Today"), tags.th("This week")))
     lines = [
         tags.tr(
-            tags.td(name, **{"data-label": what}),
+            tags.td(name, _sent_as((sent or {}).get(name, ())), **{"data-label": what}),
             tags.td(_tokens(today), **{"data-label": "Today"}),
             tags.td(_tokens(week), **{"data-label": "This week"}),
         )
@@ -172,6 +193,10 @@ def _table(id_: str, what: str, rows: Mapping[str, tuple[Tokens, Tokens]]) -> Ta
     empty = tags.tr(tags.td("none yet", class_="muted", colspan="3"))
     body = tags.tbody(*(lines or [empty]))
     return tags.table(head, body, id=id_)
+
+
+def _sent_as(names: Sequence[str]) -> Flattenable:
+    return tags.span(f" (as {', '.join(names)})", class_="muted") if names else ""
 
 
 def _tokens(tokens: Tokens) -> Flattenable:

@@ -8,9 +8,10 @@ to :data:`BUSY_SECONDS`, and a batch *adds* to the rows it meets
 (``ON CONFLICT DO UPDATE SET n = n + excluded.n``), so two workers' minutes of the same
 route, host, model and key sum instead of one replacing the other.
 
-It holds names only: of routes, hosts, models (those a host lists, else ``other``) and
-keys (a key's configured name, or a fingerprint that cannot be turned back into it).
-Never a key, never a request or an answer.
+It holds names only: of routes, hosts, models (those a host lists, else ``other``), keys
+(a key's configured name, or a fingerprint that cannot be turned back into it) and the
+names clients sent that a route's alias mapped to a model (``asked_model``, a few a minute:
+:data:`crossbar.usage.sums.ASKED_NAMES`). Never a key, never a request or an answer.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from crossbar.usage.sums import COUNTS, Place, Refusal, Sums
 BUSY_SECONDS = 10.0
 """How long a write waits for another process's to end before it fails (and is tried
 again with the next batch)."""
-GROUPS = ("route", "host", "model", "key")
-"""What a query may group by: the names of the columns a row is placed by."""
+GROUPS = ("route", "host", "model", "key", "asked_model")
+"""What a query may group by: the names of the columns a row is placed by, in the order of
+:data:`crossbar.usage.sums.Place`."""
 ADDED = ("loads",)
 """Sums a file made by an earlier crossbar may lack: added (as 0 in its rows) when it opens."""
+PLACED = ("minute", *GROUPS)
+"""The columns of a row's key: a :data:`crossbar.usage.sums.Place`, in order."""
 
 
 def _column(name: str) -> str:
@@ -43,10 +47,13 @@ CREATE TABLE IF NOT EXISTS usage_minutes (
     host TEXT NOT NULL,
     model TEXT NOT NULL,
     key TEXT NOT NULL,
+    asked_model TEXT NOT NULL DEFAULT '',
     {", ".join(_column(name) for name in COUNTS)},
-    PRIMARY KEY (minute, route, host, model, key)
+    PRIMARY KEY ({", ".join(PLACED)})
 ) WITHOUT ROWID
 """  # fmt: skip
+"""``asked_model``: the name the client sent when an alias mapped it to ``model``, else
+``''``: part of the key, so that each name sent keeps its sums."""
 REFUSED_SCHEMA = """
 CREATE TABLE IF NOT EXISTS refused_minutes (
     minute INTEGER NOT NULL,
@@ -67,9 +74,9 @@ PROGRESS_STEPS = 10_000
 """SQLite virtual machine steps between two checks of whether a query is to stop (a few
 milliseconds of work)."""
 _INSERT = (
-    f"INSERT INTO usage_minutes (minute, {', '.join((*GROUPS, *COUNTS))})"
-    f" VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in COUNTS)})"
-    " ON CONFLICT (minute, route, host, model, key) DO UPDATE SET "
+    f"INSERT INTO usage_minutes ({', '.join((*PLACED, *COUNTS))})"
+    f" VALUES ({', '.join('?' for _ in (*PLACED, *COUNTS))})"
+    f" ON CONFLICT ({', '.join(PLACED)}) DO UPDATE SET "
     + ", ".join(f"{name} = {name} + excluded.{name}" for name in COUNTS)
 )
 
@@ -201,9 +208,19 @@ class UsageStore:
 
 
 def _add_missing(db: sqlite3.Connection) -> None:
-    """Add the columns of :data:`ADDED` a file made by an earlier crossbar lacks (under the
-    write lock: two workers opening one old file add each once)."""
+    """Bring a file made by an earlier crossbar up to :data:`SCHEMA` (under the write lock:
+    two workers opening one old file change it once). A column of :data:`ADDED` is added
+    (0 in its rows); a table without ``asked_model``, a column of its key, which SQLite
+    cannot add to a table's key, is made again with it, its rows copied (``''``: named
+    as themselves), the sums it lacks 0."""
     have = {row[1] for row in db.execute("PRAGMA table_info(usage_minutes)")}
+    if "asked_model" not in have:
+        kept = ", ".join(name for name in (*PLACED, *COUNTS) if name in have)
+        db.execute("ALTER TABLE usage_minutes RENAME TO usage_minutes_before")
+        db.execute(SCHEMA)
+        db.execute(f"INSERT INTO usage_minutes ({kept}) SELECT {kept} FROM usage_minutes_before")
+        db.execute("DROP TABLE usage_minutes_before")
+        return
     for name in ADDED:
         if name not in have:
             db.execute(f"ALTER TABLE usage_minutes ADD COLUMN {_column(name)}")

@@ -1,7 +1,7 @@
 """Per-minute sums of finished requests, folded in memory until they are written.
 
-A row is one minute of one (route, host, model, key): requests, errors, tokens, model
-loads the requests made hosts begin, and the
+A row is one minute of one (route, host, model, key, name sent): requests, errors, tokens,
+model loads the requests made hosts begin, and the
 sums and counts the mean time to first token and mean generation speed are made of (a
 mean cannot be added up across batches, workers or minutes; its sum and count can).
 Pure values, no I/O: :mod:`crossbar.usage.ledger` writes them, :mod:`.store` keeps them.
@@ -12,12 +12,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+from crossbar.stats.accessline import ALIAS_CHARS, printable
 from crossbar.stats.record import NO_MODEL, OTHER_MODEL, RequestRecord
 
-Place = tuple[int, str, str, str, str]
-"""``(minute, route, host, model, key)``: the minute as epoch seconds at its start;
-``-`` for a request that reached no host, ``(none)`` for one that asked for no model
-(``(other)`` for one no host lists: names no host can list)."""
+Place = tuple[int, str, str, str, str, str]
+"""``(minute, route, host, model, key, asked_model)``: the minute as epoch seconds at its
+start; ``-`` for a request that reached no host, ``(none)`` for one that asked for no model
+(``(other)`` for one no host lists: names no host can list); ``asked_model``, the name the
+client sent when a route's alias mapped it to ``model``, else :data:`NOT_ALIASED`."""
+NOT_ALIASED = ""
+"""The ``asked_model`` of a request whose model no alias mapped: it named the model itself."""
+ASKED_NAMES = 16
+"""Different names sent that a minute of one route and model keeps apart; past them, the
+names a client chooses (``claude-*`` matches any) are summed as ``(other)``."""
 
 COUNTS = (
     "requests",
@@ -71,8 +78,10 @@ class MinuteSums:
 
     ``knows`` says whether a host lists a model: one none lists is summed as ``(other)``,
     as the metrics and the JSON log name it, so that a client cannot fill the store with
-    names of its choosing. Past ``most`` rows, a request of a new row is left out and
-    counted in :attr:`dropped`: rows pile up only while they cannot be written.
+    names of its choosing; so is a name sent that an alias mapped past the first
+    :data:`ASKED_NAMES` of a minute, route and model. Past ``most`` rows, a request of a new
+    row is left out and counted in :attr:`dropped`: rows pile up only while they cannot be
+    written.
     """
 
     def __init__(self, knows: Callable[[str], bool] = _known, most: int = 20_000) -> None:
@@ -84,6 +93,9 @@ class MinuteSums:
         self.refused: dict[Refusal, int] = {}
         """Requests not served, by minute, route, key and why (:func:`refused_as`): never
         counted as a key's requests or tokens."""
+        self._asked_minute = -1
+        self._asked: dict[tuple[str, str], set[str]] = {}
+        """The names sent this minute (:attr:`_asked_minute`), by route and model."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -110,13 +122,11 @@ class MinuteSums:
             model = NO_MODEL
         elif not self._knows(model):
             model = OTHER_MODEL
-        place = (
-            int(now // 60) * 60,
-            record.route,
-            record.host or "-",
-            model,
-            record.key or record.route,
-        )
+        minute = int(now // 60) * 60
+        asked = NOT_ALIASED
+        if record.asked_model is not None:
+            asked = self._asked_name(minute, record.route, model, record.asked_model)
+        place = (minute, record.route, record.host or "-", model, record.key or record.route, asked)
         sums = self.rows.get(place)
         if sums is None:
             if len(self.rows) >= self.most:
@@ -137,6 +147,19 @@ class MinuteSums:
             sums[7] += 1
             sums[8] += speed
         sums[9] += record.loads
+
+    def _asked_name(self, minute: int, route: str, model: str, sent: str) -> str:
+        """The name sent as kept: printable, at most :data:`ALIAS_CHARS` characters, and
+        ``(other)`` past :data:`ASKED_NAMES` of this minute, route and model."""
+        if minute != self._asked_minute:
+            self._asked_minute, self._asked = minute, {}
+        name = printable(sent.encode(), ALIAS_CHARS)
+        names = self._asked.setdefault((route, model), set())
+        if name not in names:
+            if len(names) >= ASKED_NAMES:
+                return OTHER_MODEL
+            names.add(name)
+        return name
 
     def take(self) -> dict[Place, Sums]:
         """Every row, to be written; none are left."""

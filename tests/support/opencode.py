@@ -22,13 +22,15 @@ INSTALL_TIMEOUT = 600.0
 VERSION_TIMEOUT = 30.0
 
 
-def opencode_json(base_url: str) -> dict[str, object]:
-    """The project's ``opencode.json``: the README's, with crossbar's address."""
+def opencode_json(base_url: str, key: str | None = None) -> dict[str, object]:
+    """The project's ``opencode.json``: the README's, with crossbar's address (and, given
+    ``key``, the route's key, which OpenCode sends as ``Authorization: Bearer``)."""
+    options = {"baseURL": base_url} | ({} if key is None else {"apiKey": key})
     return {
         "provider": {
             "lab": {
                 "npm": "@ai-sdk/openai-compatible",
-                "options": {"baseURL": base_url},
+                "options": options,
                 "models": {MODEL: {}},
             }
         }

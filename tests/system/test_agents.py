@@ -23,14 +23,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, Daemon, demo_route_ready, free_port, http_status, start_daemon
+from tests.support import REPO, Daemon, demo_route_ready, start_daemon
 from tests.support.agents import (
     CREATE,
     CREATED,
@@ -125,89 +123,6 @@ def test_each_agent_creates_hello_py_through_crossbar(
 
 
 # -- crossbar's own errors, as each agent prints them -------------------------------------------
-
-
-class _Host(BaseHTTPRequestHandler):
-    """A host that is healthy to polls and answers requests wrong: ``hang`` never answers
-    (crossbar: 504), ``bad`` answers what is not HTTP (crossbar: 502). In the config they
-    are ``gpu-b`` and ``gpu-a``, the names docs/clients.md shows in the errors."""
-
-    server: _HostServer
-
-    def do_GET(self) -> None:
-        body = b'{"status":"ok"}' if self.path == "/health" else b'{"data":[],"object":"list"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if self.server.mode == "hang":
-            self.server.stopping.wait(60)
-        else:
-            self.wfile.write(b"HTTP/1.1 999 Nonsense\r\n\r\n")
-        self.close_connection = True
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class _HostServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, mode: str) -> None:
-        super().__init__(("127.0.0.1", 0), _Host)
-        self.mode = mode
-        self.stopping = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-@pytest.fixture(scope="module")
-def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Base URLs (without ``/v1``) where crossbar answers each error status itself."""
-    hosts = [_HostServer("hang"), _HostServer("bad")]
-    for server in hosts:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    hang, bad = hosts
-    down = f"http://127.0.0.1:{free_port()}"
-    plain = start_daemon(
-        tmp_path_factory.mktemp("crossbar"),
-        f"poll_interval: 250ms\nhosts:\n  down: {down}\n"
-        f"  gpu-a: {{url: {bad.url}, max_fails: 1000}}\n"
-        f"  gpu-b: {{url: {hang.url}, header_timeout: 1s, max_fails: 1000}}\n"
-        "routes:\n  lab: {hosts: [down]}\n  broken: {hosts: [gpu-a]}\n  slow: {hosts: [gpu-b]}\n",
-    )
-    keyed = start_daemon(
-        tmp_path_factory.mktemp("crossbar"),
-        f"max_body: 1KiB\napi_keys: [right-key]\nhosts:\n  down: {down}\n"
-        "routes:\n  lab: {hosts: [down]}\n",
-    )
-    try:
-        for route in ("slow", "broken"):
-            ready = plain.wait(
-                lambda r=route: http_status(f"{plain.url}/{r}/v1/models") == 200, CROSSBAR_TIMEOUT
-            )
-            assert ready, plain.log()
-        yield {
-            "401": f"{keyed.url}/lab wrong-key",
-            "413": f"{keyed.url}/lab right-key",
-            "404": f"{plain.url}/nope unused",
-            "503": f"{plain.url}/lab unused",
-            "502": f"{plain.url}/broken unused",
-            "504": f"{plain.url}/slow unused",
-        }
-    finally:
-        plain.stop()
-        keyed.stop()
-        for server in hosts:
-            server.stopping.set()
-            server.shutdown()
-            server.server_close()
 
 
 PRINTED = {

@@ -5,6 +5,9 @@ Each fenced block after a ``<!-- test: NAME -->`` marker is taken from the docum
 keys, a route ``private`` with one), and run: Python with this venv's interpreter, shell
 with ``sh`` (skipped without curl), JavaScript with ``node`` and the ``openai`` npm package.
 
+On crossbar's own errors the Node SDK's ``err.message`` is the status and crossbar's words
+(:data:`NODE_PRINTED`), asked of crossbars that answer each error themselves.
+
 That package is installed at a pinned version, once, into the cache the OpenCode test uses
 (``${LLAMA_CROSSBAR_CACHE:-$HOME/.cache/llama-crossbar}/openai-node-<version>/``, by
 :func:`tests.support.npm.install_npm_package`); when npm cannot install it the Node test is
@@ -218,3 +221,58 @@ def test_node_snippet_streams_an_answer(crossbar: Daemon, tmp_path: Path) -> Non
     answered(run("node", crossbar, tmp_path, route="private", key=KEY, command=[node], cwd=project))
     refused = run("node", crossbar, tmp_path, route="private", command=[node], cwd=project)
     assert refused.returncode != 0 and "401" in refused.stderr, refused.stderr
+
+
+NODE_ERRORS = """\
+import OpenAI from "openai";
+
+const found = {};
+for (const [status, base, key, size] of JSON.parse(process.argv[2])) {
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0 });
+  try {
+    await client.chat.completions.create({
+      model: "qwen3-coder-30b",
+      messages: [{ role: "user", content: "x".repeat(size) }],
+    });
+    found[status] = "answered";
+  } catch (err) {
+    found[status] = err.message;
+  }
+}
+console.log(JSON.stringify(found));
+"""
+"""Asks for a chat completion at each base URL, its retries off, and prints what each
+error's ``message`` said."""
+
+NODE_PRINTED = {
+    "401": "401 unauthorized: key not known",
+    "404": "404 unknown route",
+    "413": "413 body too large",
+    "503": "503 no healthy host for route lab: gpu-c down (health: connection refused)",
+}
+"""``err.message`` of the OpenAI Node SDK on crossbar's own errors, as docs/clients.md says:
+the status and crossbar's words (``error.message`` of llama-server's shape)."""
+
+
+def test_the_node_sdk_shows_crossbar_s_words(refusing: dict[str, str], tmp_path: Path) -> None:
+    prefix = install_openai_node()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "node_modules").symlink_to(prefix / "node_modules")
+    (project / "package.json").write_text('{"private": true}\n')
+    script = project / "errors.mjs"
+    script.write_text(NODE_ERRORS)
+    cases = [[s, *refusing[s].split(), 2000 if s == "413" else 2] for s in NODE_PRINTED]
+    done = subprocess.run(
+        [shutil.which("node") or "node", str(script), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env={"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp_path), "NO_PROXY": "*"},
+        stdin=subprocess.DEVNULL,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)
+    assert json.loads(done.stdout) == NODE_PRINTED

@@ -21,7 +21,10 @@ config folder fails to install, which it ignores.
 Asked to create ``hello.py``, OpenCode creates it with its ``write`` tool: the demo answers
 with the tool call, then ends the turn.
 
-About 5 to 10 s once the cache is filled; the first install adds the download of the
+On crossbar's own errors OpenCode prints crossbar's words (:data:`PRINTED`); a 5xx only
+after it has tried five more times, about 80 s, which it cannot be told not to.
+
+About 5 to 10 s a run once the cache is filled; the first install adds the download of the
 npm packages (about 120 MB, 355 MB unpacked).
 """
 
@@ -35,18 +38,22 @@ import signal
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, demo_route_ready, start_daemon
-from tests.support.agents import CREATE, CREATED, run_agent
+from tests.support import REPO, Daemon, demo_route_ready, start_daemon
+from tests.support.agents import CREATE, CREATED, Run, run_agent
 from tests.support.opencode import MODEL, install_opencode, opencode_env, opencode_json
 
 # Bounds of every wait here.
 CROSSBAR_TIMEOUT = 30.0
 RUN_TIMEOUT = 120.0
 LOG_TIMEOUT = 10.0
+RETRIED_TIMEOUT = 300.0
+"""A run on a 5xx: OpenCode's five retries (2, 4, 8, 16 and 30 s) and its start, on a
+loaded machine."""
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -164,3 +171,54 @@ def test_opencode_creates_hello_py_through_crossbar(
     hello = project / "hello.py"
     assert hello.is_file() and hello.read_text() == CREATED, report
     assert "Created hello.py." in run.out, report
+
+
+# -- crossbar's own errors, as OpenCode prints them ------------------------------------------
+
+PRINTED = {
+    "401": "Error: unauthorized: key not known",
+    "404": "Error: unknown route",
+    "413": "Error: body too large",
+    "503": "Error: no healthy host for route ",
+}
+"""What OpenCode prints on crossbar's own errors, as docs/clients.md lists it: ``Error: ``
+and crossbar's words (``error.message`` of llama-server's shape)."""
+
+
+def test_opencode_prints_crossbar_s_words(
+    opencode: Path, refusing: dict[str, str], tmp_path: Path
+) -> None:
+    """OpenCode exits 1 on each of crossbar's own errors and prints what :data:`PRINTED`
+    says (also in the test's output, ``pytest -rP``). The runs go at once: the 503's
+    retries take OpenCode about 80 s."""
+
+    def run(status: str) -> Run:
+        base, key = refusing[status].split()
+        project = tmp_path / status / "project"
+        project.mkdir(parents=True)
+        settings = opencode_json(f"{base}/v1", key)
+        (project / "opencode.json").write_text(json.dumps(settings, indent=2) + "\n")
+        argv = [str(opencode), "run", "--model", f"lab/{MODEL}", "say hi"]
+        return run_agent(argv, project, opencode_env(tmp_path / status / "home"), RETRIED_TIMEOUT)
+
+    with ThreadPoolExecutor(len(PRINTED)) as pool:
+        runs = dict(zip(PRINTED, pool.map(run, PRINTED), strict=True))
+    for status, done in runs.items():
+        lines = [line for line in (done.out + done.err).splitlines() if line.strip()]
+        print(f"opencode on crossbar's {status}: exit {done.code}")
+        print("\n".join(dict.fromkeys(line for line in lines if line.startswith("Error: "))))
+    for status, done in runs.items():
+        assert done.code == 1, f"{status}: {done.report()}"
+        lines = (done.out + done.err).splitlines()
+        expected = PRINTED[status]
+        assert any(line.startswith(expected) for line in lines), (
+            f"{status}: expected {expected!r}\n{done.report()}"
+        )
+
+
+def test_docs_list_what_opencode_prints_on_crossbar_s_errors() -> None:
+    """docs/clients.md's table of crossbar's errors has OpenCode's words, as run above."""
+    text = (REPO / "docs" / "clients.md").read_text()
+    section = text.split("\n## When crossbar refuses a request\n", 1)[1].split("\n## ", 1)[0]
+    for status, words in PRINTED.items():
+        assert words in section, f"docs/clients.md lacks OpenCode's {status}: {words}"

@@ -1,14 +1,17 @@
 """crossbar.http.errors: crossbar's own errors in the shape the client's API reads, as a
 rule and on the wire: each of 401, 404, 413, 502, 503 and 504 sent through crossbar's site
 and exchange in memory (crossbar.testing.MemoryProxy), on Claude Code's, Codex's and the chat
-completions' paths. What each agent then prints is in tests/system/test_agents.py, what
-the OpenAI Python SDK prints in tests/system/test_sdk_errors.py."""
+completions' paths. What each agent then prints is in tests/system/test_agents.py (OpenCode's in
+tests/system/test_opencode.py, the OpenAI Node SDK's in tests/system/test_clients.py); what
+the OpenAI and Anthropic Python SDKs print is here, at the end."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
-import httpx2
+import anthropic
 import openai
 import pytest
 
@@ -17,6 +20,7 @@ from crossbar.http.errors import error_payload, too_long_payload
 from crossbar.http.keys import KeyGuard
 from crossbar.testing import ClientLine, MemoryProxy
 from tests.support.errors import api_error
+from tests.support.memoryhttp import memory_http_client
 
 
 def test_the_openai_apis_and_the_rest_get_llama_server_s_shape_with_the_words() -> None:
@@ -229,22 +233,11 @@ ALICE = "a" * 24
 
 def sdk(proxy: MemoryProxy, key: str = ALICE, route: str = "lab") -> openai.OpenAI:
     """The OpenAI Python SDK, its requests sent to ``proxy`` in memory, its retries off."""
-
-    def send(request: httpx2.Request) -> httpx2.Response:
-        client = proxy.client()
-        head = [b"%s %s HTTP/1.1" % (request.method.encode(), request.url.raw_path)]
-        head += [b"%s: %s" % (k, v) for k, v in request.headers.raw if k.lower() != b"connection"]
-        client.send(b"\r\n".join(head) + b"\r\n\r\n" + request.content)
-        status_head, _, body = client.received.partition(b"\r\n\r\n")
-        status_line, *lines = status_head.split(b"\r\n")
-        headers = [tuple(line.split(b": ", 1)) for line in lines]
-        return httpx2.Response(int(status_line.split()[1]), headers=headers, content=body)
-
     return openai.OpenAI(
         base_url=f"http://crossbar.test/{route}/v1",
         api_key=key,
         max_retries=0,
-        http_client=httpx2.Client(transport=httpx2.MockTransport(send)),
+        http_client=memory_http_client(proxy),
     )
 
 
@@ -269,35 +262,75 @@ def chat(client: openai.OpenAI, text: str = "hi") -> None:
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
 
 
-def test_the_openai_sdk_shows_crossbar_s_words() -> None:
-    """``str(exc)`` is what a script's traceback shows: the status and crossbar's words (a
-    plain string under ``error`` came out as ``Error code: 404`` alone)."""
+def shown(
+    client: Callable[..., Any], ask: Callable[..., object], down: Callable[[Any], object]
+) -> dict[int, str]:
+    """What a script's traceback shows of an SDK's error on each of crossbar's 401, 404,
+    413, 429 and 503: ``ClassName: str(exc)``. ``client(proxy, key=..., route=...)`` makes
+    the SDK's client, ``ask(client, text)`` sends it a request, ``down(client)`` the one
+    asked once every host is down."""
     proxy = waiting_proxy()
+    calls: list[tuple[int, Callable[[], object]]] = [
+        (401, lambda: ask(client(proxy, key="wrong-key-of-twenty-four"))),
+        (404, lambda: ask(client(proxy, route="nope"))),
+        (413, lambda: ask(client(proxy), "x" * 2000)),
+        (429, lambda: ask(client(proxy))),
+        (503, lambda: down(client(proxy))),
+    ]
     found = {}
-    for status, act in [
-        (401, lambda: chat(sdk(proxy, key="wrong-key-of-twenty-four"))),
-        (404, lambda: chat(sdk(proxy, route="nope"))),
-        (413, lambda: chat(sdk(proxy), "x" * 2000)),
-    ]:
-        with pytest.raises(openai.APIStatusError) as raised:
+    for status, act in calls:
+        if status == 429:
+            for _ in range(4):  # two hold the slots, two wait: alice's limit
+                send(proxy, CHAT, key=ALICE.encode())
+            proxy.accept(), proxy.accept()
+        if status == 503:
+            for host in ("gpu-a", "gpu-b"):
+                proxy.table.mark_down(host, "gone")
+        with pytest.raises(Exception) as raised:
             act()
-        found[status] = str(raised.value)
-    for _ in range(4):  # two hold the slots, two wait: alice's limit
-        send(proxy, CHAT, key=ALICE.encode())
-    proxy.accept(), proxy.accept()
-    with pytest.raises(openai.RateLimitError) as limited:
-        chat(sdk(proxy))
-    found[429] = str(limited.value)
-    for host in ("gpu-a", "gpu-b"):
-        proxy.table.mark_down(host, "gone")
-    with pytest.raises(openai.InternalServerError) as down:
-        sdk(proxy).models.list()
-    found[503] = str(down.value)
+        found[status] = f"{type(raised.value).__name__}: {raised.value}"
+    return found
+
+
+def test_the_openai_sdk_shows_crossbar_s_words() -> None:
+    """The status and crossbar's words (a plain string under ``error`` came out as ``Error
+    code: 404`` alone)."""
+    found = shown(sdk, chat, lambda client: client.models.list())
     assert found == {
-        401: "Error code: 401 - unauthorized: key not known",
-        404: "Error code: 404 - unknown route",
-        413: "Error code: 413 - body too large",
+        401: "AuthenticationError: Error code: 401 - unauthorized: key not known",
+        404: "NotFoundError: Error code: 404 - unknown route",
+        413: "APIStatusError: Error code: 413 - body too large",
         429: found[429],
-        503: f"Error code: 503 - {DOWN}",
+        503: f"InternalServerError: Error code: 503 - {DOWN}",
     }
-    assert found[429].startswith("Error code: 429 - alice: 2 requests already waiting")
+    assert found[429].startswith("RateLimitError: Error code: 429 - alice: 2 requests already")
+
+
+def claude_sdk(proxy: MemoryProxy, key: str = ALICE, route: str = "lab") -> anthropic.Anthropic:
+    """The Anthropic Python SDK (its key sent as ``X-Api-Key``), its requests sent to
+    ``proxy`` in memory, its retries off."""
+    return anthropic.Anthropic(
+        base_url=f"http://crossbar.test/{route}",
+        api_key=key,
+        max_retries=0,
+        http_client=memory_http_client(proxy),
+    )
+
+
+def message(client: anthropic.Anthropic, text: str = "hi") -> None:
+    client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": text}])
+
+
+def test_the_anthropic_sdk_shows_crossbar_s_words() -> None:
+    """The status, crossbar's words, and the path and type of Anthropic's shape."""
+    assert shown(claude_sdk, message, message) == {
+        401: "AuthenticationError: 401 unauthorized: key not known"
+        " (path: /lab/v1/messages, type: authentication_error)",
+        404: "NotFoundError: 404 unknown route (path: /nope/v1/messages, type: not_found_error)",
+        413: "ContentTooLargeError: 413 body too large"
+        " (path: /lab/v1/messages, type: request_too_large)",
+        429: "RateLimitError: 429 alice: 2 requests already waiting"
+        " (path: /lab/v1/messages, type: rate_limit_error)",
+        503: f"ServiceUnavailableError: 503 {DOWN}"
+        " (path: /lab/v1/messages, type: overloaded_error)",
+    }

@@ -18,7 +18,14 @@ from twisted.internet.defer import Deferred
 
 from crossbar.config import Config, RouteConfig, Secret
 from crossbar.config.secrets import KeyHolder
-from crossbar.pages.usagequery import BadParameter, UsageQuery, as_csv, as_json, parse_ask
+from crossbar.pages.usagequery import (
+    BadParameter,
+    UsageQuery,
+    as_csv,
+    as_json,
+    asked_as,
+    parse_ask,
+)
 from crossbar.testing.rig import Rig, rigs
 from crossbar.testing.simulator import SimulatedHost
 from crossbar.testing.timeouts import guard
@@ -63,7 +70,7 @@ def test_since_is_rfc_3339_or_epoch_seconds(text: str, seconds: float) -> None:
         ({"since": "-5"}, "since", "must be from 1970 to 9999"),
         ({"since": "2025-12-02"}, "since", "must be before until"),
         ({"since": ["1", "2"]}, "since", "given more than once"),
-        ({"by": "team"}, "by", "'team' is not one of route, host, model, key"),
+        ({"by": "team"}, "by", "'team' is not one of route, host, model, key, asked_model"),
         ({"by": "key,key"}, "by", "names a group twice"),
         ({"format": "xml"}, "format", "must be json or csv, not 'xml'"),
         ({"sort": "x"}, "sort", "unknown parameter (expected one of: since, until, by"),
@@ -111,6 +118,49 @@ def test_the_sums_as_csv_a_formula_quoted() -> None:
         '"alice",2,1,100,75,9,0.75,250,40.2,1',
         '"\'=cmd()",1,0,0,0,0,,,,0',
     ]
+
+
+SENT = [
+    dict(ROWS[0], model="qwen3", asked_model=""),
+    dict(ROWS[0], model="qwen3", asked_model="claude-haiku-4-5", requests=3),
+    dict(ROWS[0], model="qwen3", asked_model="claude-sonnet-4-5", requests=12),
+    dict(ROWS[1], model="tiny", asked_model=""),
+]
+"""The store's rows grouped by model and the name sent (``''``: the model's own)."""
+
+
+def test_grouped_by_model_each_says_the_names_sent_for_it_and_its_sums_stay_whole() -> None:
+    """The served model's figures are every request's, whatever name it was sent by; the
+    names an alias mapped are listed with their requests."""
+    folded = asked_as(SENT, ("model",))
+    doc = as_json(ask(by="model"), folded, 3600.0)
+    qwen3, tiny = doc["groups"]
+    assert qwen3["model"] == "qwen3"
+    assert qwen3["asked_as"] == {"claude-haiku-4-5": 3, "claude-sonnet-4-5": 12}
+    assert (qwen3["requests"], qwen3["prompt_tokens"], qwen3["loads"]) == (17, 300, 3)
+    assert (tiny["model"], tiny["asked_as"], tiny["requests"]) == ("tiny", {}, 1)
+    assert doc["total"]["requests"] == 18
+    lines = as_csv(ask(by="model", format="csv"), folded).splitlines()
+    assert lines[0].endswith(",loads,asked_as")
+    assert (
+        lines[1]
+        == '"qwen3",17,3,300,225,27,0.75,250,40.2,3,"claude-haiku-4-5: 3; claude-sonnet-4-5: 12"'
+    )
+    assert lines[2] == '"tiny",1,0,0,0,0,,,,0,""'
+
+
+def test_grouped_by_the_name_sent_a_model_sent_as_itself_has_none() -> None:
+    doc = as_json(ask(by="model,asked_model"), SENT, 3600.0)
+    assert [(g["model"], g["asked_model"], g["requests"]) for g in doc["groups"]] == [
+        ("qwen3", None, 2), ("qwen3", "claude-haiku-4-5", 3), ("qwen3", "claude-sonnet-4-5", 12),
+        ("tiny", None, 1),
+    ]  # fmt: skip
+    assert "asked_as" not in doc["groups"][0]
+    lines = as_csv(ask(by="model,asked_model", format="csv"), SENT).splitlines()
+    assert lines[0].startswith("model,asked_model,requests,") and lines[0].endswith(",loads")
+    assert lines[1].startswith('"qwen3","",2,') and lines[2].startswith(
+        '"qwen3","claude-haiku-4-5",3,'
+    )
 
 
 @pytest.mark.parametrize(
@@ -162,10 +212,11 @@ def keyed(path: Path) -> Any:
     return adjust
 
 
-async def chat(rig: Rig) -> int:
+async def chat(rig: Rig, model: str = "tiny-a") -> int:
     headers = {"Authorization": ["Bearer alice-key"]}
+    body = {**CHAT, "model": model}
     response = await guard(rig.client.post(rig.base + "/lab/v1/chat/completions",
-                                           json=CHAT, headers=headers), 10)  # fmt: skip
+                                           json=body, headers=headers), 10)  # fmt: skip
     await response.content()
     return int(response.code)
 
@@ -205,6 +256,35 @@ async def test_usage_is_answered_behind_the_status_key_as_json_and_csv(tmp_path:
             "error": "bad parameter", "parameter": "since",
             "problem": "'tomorrow' is neither RFC 3339 (2026-12-01T09:00:00Z) nor epoch seconds",
         })  # fmt: skip
+
+
+@pytest_twisted.ensureDeferred
+async def test_usage_names_the_model_served_and_the_name_an_alias_mapped(tmp_path: Path) -> None:
+    """Claude Code's names mapped by the route's alias: counted under the model served,
+    each name sent said beside it."""
+
+    def aliased(config: Config) -> Config:
+        config = keyed(tmp_path / "u")(config)
+        route = attrs.evolve(config.routes["lab"], aliases=(("claude-*", "tiny-a"),))
+        return attrs.evolve(config, routes={"lab": route})
+
+    async with rigs() as make:
+        rig = await make({"gpu-a": SimulatedHost({"tiny-a": "loaded"})}, adjust=aliased)
+        assert rig.crossbar.usage is not None
+        for model in ("claude-sonnet-4-5", "claude-sonnet-4-5", "claude-haiku-4-5", "tiny-a"):
+            assert await chat(rig, model) == 200
+        await rig.crossbar.usage.flush()
+        code, body = await usage(rig, "?by=model")
+        [group] = json.loads(body)["groups"]
+        assert (group["model"], group["requests"]) == ("tiny-a", 4)
+        assert group["asked_as"] == {"claude-haiku-4-5": 1, "claude-sonnet-4-5": 2}
+        code, body = await usage(rig, "?by=key,asked_model&format=csv")
+        assert code == 200
+        assert [line.split(",")[:3] for line in body.decode().splitlines()[1:]] == [
+            ['"alice"', '""', "1"],
+            ['"alice"', '"claude-haiku-4-5"', "1"],
+            ['"alice"', '"claude-sonnet-4-5"', "2"],
+        ]
 
 
 @pytest_twisted.ensureDeferred

@@ -68,6 +68,25 @@ def test_the_sums_by_route_and_key_fold_per_key_and_per_route() -> None:
     assert found.routes["lab"] == (Tokens(2, 100, 50, 10), Tokens(7, 1100, 950, 110))
 
 
+def test_each_model_served_is_summed_whatever_it_was_sent_as_and_names_them() -> None:
+    """Requests an alias mapped count under the model served; the names sent follow it."""
+    today = [
+        row("lab", "alice", 2, 100, 50, 10) | {"model": "qwen3", "asked_model": ""},
+        row("lab", "alice", 3, 30, 0, 3) | {"model": "qwen3", "asked_model": "claude-sonnet-4-5"},
+    ]
+    week = [*today, row("ops", "bob", 1, 5, 0, 1) | {"model": "qwen3", "asked_model": "gpt-5"}]
+    found = totals(today, week)
+    assert found.models == {"qwen3": (Tokens(5, 130, 50, 13), Tokens(6, 135, 50, 14))}
+    assert found.keys["alice"] == (Tokens(5, 130, 50, 13), Tokens(5, 130, 50, 13))
+    assert found.sent == {"qwen3": ["claude-sonnet-4-5", "gpt-5"]}
+    page = html(found)
+    assert '<table id="usage-models">' in page
+    assert (
+        '<td data-label="Model">qwen3<span class="muted"> (as claude-sonnet-4-5, gpt-5)</span>'
+        in page
+    )
+
+
 class FakeLedger:
     off: str | None = None
 
@@ -93,7 +112,7 @@ def test_the_page_shows_the_last_totals_and_reads_again_at_most_every_few_second
     assert panel.current() is None  # not read yet: the page does not wait
     [(since, _, by, today), (week_since, _, _, week)] = ledger.asked
     assert (since, week_since) == day_and_week(WEDNESDAY, PLUS_ONE)
-    assert by == ("route", "key")
+    assert by == ("route", "key", "model", "asked_model")
     assert panel.current() is None and len(ledger.asked) == 2  # one read at a time
     today.callback([row("lab", "alice", 1, 10, 5, 2)])
     week.callback([row("lab", "alice", 4, 40, 20, 8)])

@@ -200,7 +200,7 @@ def test_a_stop_with_a_write_stuck_gives_up_after_a_while_and_says_what_is_lost(
 def test_old_usage_is_pruned_at_start_and_every_hour() -> None:
     store = UsageStore(":memory:")
     store.open()
-    store.add({(0, "lab", "gpu-a", "m", "alice"): [1, 0, 1, 0, 1, 0, 0.0, 0, 0.0, 0]})
+    store.add({(0, "lab", "gpu-a", "m", "alice", ""): [1, 0, 1, 0, 1, 0, 0.0, 0, 0.0, 0]})
     clock, thread = Clock(), Inline()
     retention = 3 * 3600.0
     clock.advance(retention + 60 * 60)  # the row at 0 is one hour too old
@@ -208,7 +208,7 @@ def test_old_usage_is_pruned_at_start_and_every_hour() -> None:
     store.open = lambda: None  # type: ignore[method-assign]  # opened above, rows in it
     ledger.startService()
     assert kept(store) == []
-    store.add({(int(clock.seconds() - retention + 60), "lab", "gpu-a", "m", "a"): [1] * 10})
+    store.add({(int(clock.seconds() - retention + 60), "lab", "gpu-a", "m", "a", ""): [1] * 10})
     clock.advance(PRUNE_SECONDS)
     assert kept(store) == []
     ledger.stopService()

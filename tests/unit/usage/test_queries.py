@@ -63,7 +63,9 @@ def filled(tmp_path: Path) -> Iterator[UsageStore]:
     """The writer's store, with :data:`MINUTES` minutes of :data:`KEYS` keys."""
     writer = UsageStore(str(tmp_path / "u.sqlite3"))
     writer.open()
-    places = [(m * 60, "lab", "a", "m", f"key-{k}") for m in range(MINUTES) for k in range(KEYS)]
+    places = [
+        (m * 60, "lab", "a", "m", f"key-{k}", "") for m in range(MINUTES) for k in range(KEYS)
+    ]
     writer.add(dict.fromkeys(places, ROW))
     yield writer
     writer.close()

@@ -25,8 +25,8 @@ def test_two_connections_add_to_the_same_rows(tmp_path: Path) -> None:
     """Two workers write the same minute of the same place: the sums add, none replaces
     the other, and each sees both."""
     a, b = opened(tmp_path / "u.sqlite3"), opened(tmp_path / "u.sqlite3")
-    a.add({(60, "lab", "gpu-a", "m", "alice"): ROW})
-    b.add({(60, "lab", "gpu-a", "m", "alice"): ROW, (60, "lab", "gpu-b", "m", "bob"): ROW})
+    a.add({(60, "lab", "gpu-a", "m", "alice", ""): ROW})
+    b.add({(60, "lab", "gpu-a", "m", "alice", ""): ROW, (60, "lab", "gpu-b", "m", "bob", ""): ROW})
     [alice, bob] = a.query(0, 120, ["key"])
     assert alice == {"key": "alice"} | dict(
         zip(COUNTS, [2, 0, 200, 120, 40, 2, 1.0, 2, 80.0, 2], strict=True)
@@ -40,19 +40,19 @@ def test_two_connections_add_to_the_same_rows(tmp_path: Path) -> None:
 
 def test_a_query_takes_the_minutes_that_begin_in_its_span(tmp_path: Path) -> None:
     store = opened(":memory:")
-    store.add({(minute, "lab", "gpu-a", "m", "alice"): ROW for minute in (0, 60, 120)})
+    store.add({(minute, "lab", "gpu-a", "m", "alice", ""): ROW for minute in (0, 60, 120)})
     assert [row["requests"] for row in store.query(60, 120, [])] == [1]
     assert [row["requests"] for row in store.query(0, 180, [])] == [3]
     assert store.query(180, 240, ["key"]) == []
     assert store.query(180, 240, []) == []  # no sums of nothing
     with pytest.raises(ValueError, match="cannot group by"):
         store.query(0, 60, ["key; DROP TABLE usage_minutes"])
-    assert set(GROUPS) == {"route", "host", "model", "key"}
+    assert set(GROUPS) == {"route", "host", "model", "key", "asked_model"}
 
 
 def test_prune_forgets_the_old_minutes(tmp_path: Path) -> None:
     store = opened(tmp_path / "u.sqlite3")
-    store.add({(minute, "lab", "gpu-a", "m", "alice"): ROW for minute in (0, 60, 120)})
+    store.add({(minute, "lab", "gpu-a", "m", "alice", ""): ROW for minute in (0, 60, 120)})
     assert store.prune(120) == 2
     assert store.query(0, 1000, [])[0]["requests"] == 1
 
@@ -60,7 +60,7 @@ def test_prune_forgets_the_old_minutes(tmp_path: Path) -> None:
 def test_kept_across_a_restart_in_wal_mode(tmp_path: Path) -> None:
     path = tmp_path / "u.sqlite3"
     store = opened(path)
-    store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})
+    store.add({(0, "lab", "gpu-a", "m", "alice", ""): ROW})
     store.close()
     assert opened(path).query(0, 60, [])[0]["prompt_tokens"] == 100
     mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
@@ -87,7 +87,7 @@ def test_a_write_waits_for_another_process_lock_then_goes_through(tmp_path: Path
     wrote = threading.Event()
 
     def write() -> None:
-        store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})
+        store.add({(0, "lab", "gpu-a", "m", "alice", ""): ROW})
         wrote.set()
 
     writer = threading.Thread(target=write)
@@ -102,8 +102,8 @@ def test_a_write_waits_for_another_process_lock_then_goes_through(tmp_path: Path
 def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
     store = opened(":memory:")
     with pytest.raises(sqlite3.Error):
-        store.add({(0, "lab", "gpu-a", "m", "alice"): ["x"] * 8})  # one value short
-    store.add({(0, "lab", "gpu-a", "m", "alice"): ROW})  # the next batch goes through
+        store.add({(0, "lab", "gpu-a", "m", "alice", ""): ["x"] * 8})  # one value short
+    store.add({(0, "lab", "gpu-a", "m", "alice", ""): ROW})  # the next batch goes through
     assert store.query(0, 60, [])[0]["requests"] == 1
 
 
@@ -140,6 +140,19 @@ CREATE TABLE usage_minutes (
     PRIMARY KEY (minute, route, host, model, key)
 ) WITHOUT ROWID
 """
+OLD_ROW = "(0, 'lab', 'gpu-a', 'm', 'alice', 3, 0, 30, 0, 6, 3, 1.5, 3, 90.0)"
+
+
+def old_file(folder: Path, *rows: str) -> Path:
+    """A usage file as a crossbar before ``loads`` and ``asked_model`` made it, with ``rows``."""
+    path = folder / "u.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute(OLD_SCHEMA)
+    for row in rows:
+        old.execute(f"INSERT INTO usage_minutes VALUES {row}")
+    old.commit()
+    old.close()
+    return path
 
 
 def test_a_file_made_before_loads_were_kept_opens_and_counts_them_from_then(
@@ -147,15 +160,10 @@ def test_a_file_made_before_loads_were_kept_opens_and_counts_them_from_then(
 ) -> None:
     """A file an earlier crossbar made, without the ``loads`` column: it opens, its rows
     read 0 loads, and loads written since add up (two workers opening it add it once)."""
-    path = tmp_path / "u.sqlite3"
-    old = sqlite3.connect(path)
-    old.execute(OLD_SCHEMA)
-    old.execute("INSERT INTO usage_minutes VALUES (0, 'lab', 'gpu-a', 'm', 'alice',"
-                " 3, 0, 30, 0, 6, 3, 1.5, 3, 90.0)")  # fmt: skip
-    old.commit()
-    old.close()
+    path = old_file(tmp_path, OLD_ROW)
     store, again = opened(path), opened(path)
-    store.add({(0, "lab", "gpu-a", "m", "alice"): ROW, (60, "lab", "gpu-a", "m", "bob"): ROW})
+    store.add({(0, "lab", "gpu-a", "m", "alice", ""): ROW,
+               (60, "lab", "gpu-a", "m", "bob", ""): ROW})  # fmt: skip
     reader = UsageStore(str(path), reading=True)
     reader.open()
     [alice, bob] = reader.query(0, 120, ["key"])
@@ -171,11 +179,7 @@ def test_requests_not_served_are_kept_by_why_across_a_restart_and_an_old_file_ga
 ) -> None:
     """A file an earlier crossbar made has no table of requests not served: it gets one
     when it opens; what is written there is kept across a restart, and pruned."""
-    path = tmp_path / "u.sqlite3"
-    old = sqlite3.connect(path)
-    old.execute(OLD_SCHEMA)
-    old.commit()
-    old.close()
+    path = old_file(tmp_path)
     store = opened(path)
     refused = {(0, "lab", "alice", "path"): 2, (60, "lab", "alice", "limit"): 1}
     store.add({}, refused)
@@ -189,4 +193,26 @@ def test_requests_not_served_are_kept_by_why_across_a_restart_and_an_old_file_ga
     assert again.query(0, 120, []) == []  # never a served request
     again.prune(60)
     assert [row["requests"] for row in again.refused(0, 120)] == [1, 1]
+    again.close()
+
+
+def test_a_file_made_before_names_sent_were_kept_opens_and_keeps_each_name_apart(
+    tmp_path: Path,
+) -> None:
+    """A file an earlier crossbar made, without ``asked_model`` (and ``loads``): it opens
+    (two workers change it once), its rows read as sent by the model's own name, and rows
+    written since keep each name sent apart while the model's sums take them all."""
+    path = old_file(tmp_path, OLD_ROW)
+    store, again = opened(path), opened(path)
+    store.add({(0, "lab", "gpu-a", "m", "alice", "claude-sonnet-4-5"): ROW})
+    again.add({(0, "lab", "gpu-a", "m", "alice", "claude-sonnet-4-5"): ROW,
+               (0, "lab", "gpu-a", "m", "alice", ""): ROW})  # fmt: skip
+    [model] = store.query(0, 60, ["model"])
+    assert (model["model"], model["requests"], model["prompt_tokens"]) == ("m", 6, 330)
+    assert model["loads"] == 3
+    sent = {row["asked_model"]: row["requests"] for row in store.query(0, 60, ["asked_model"])}
+    assert sent == {"": 4, "claude-sonnet-4-5": 2}
+    tables = sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")
+    assert sorted(name for (name,) in tables) == ["refused_minutes", "usage_minutes"]
+    store.close()
     again.close()
