@@ -55,6 +55,7 @@ class Waits:
         self._held: dict[int, Waiting[Waiter]] = {}
         """Every request waiting now, by its number (a stop answers them all)."""
         self._homing: dict[int, IDelayedCall] = {}  # each turn's end of waiting for home
+        self._freeing: str | None = None  # the host whose slot a dispatch now is for
         self._kept: dict[str, tuple[str, str | None, IDelayedCall]] = {}
         """Each flow's slot kept for it (:data:`KEEP`): the host, the model, the release."""
 
@@ -87,15 +88,12 @@ class Waits:
         counted: bool = False,
         holding: str | None = None,
     ) -> Go | Queued | Refused:
-        """Whether a request of ``flow`` goes to a host now (:class:`Go`), waits
-        (:class:`Queued`: ``waiter`` is told later) or is answered now (:class:`Refused`,
-        past a limit). A first try waits when every slot it could use is busy, or its flow
-        runs its ``max_in_flight``. A request that failed on ``tried`` hosts, or that was
-        dispatched from the queue (``waited``), waits again only when every healthy host
-        it may still use is full: it is never answered an error for that. ``counted``: its
-        flow's share counts it already (else it does from now on; not while it waits);
-        ``holding``: the host whose slot it holds, given back when it waits again;
-        ``small``: hosts too small for its prompt, neither waited for nor counted as full."""
+        """Go now (:class:`Go`), wait (:class:`Queued`: ``waiter`` told later) or an answer
+        now (:class:`Refused`). A first try waits when every slot it could use is busy, or
+        its flow runs its ``max_in_flight``; a retry (``tried``), or one sent from the queue
+        (``waited``: to the host whose slot freed for it), waits again only when every host
+        it may use is full. ``counted``: its flow's share counts it already; ``holding``:
+        its slot's host, given back if it waits; ``small``: hosts too small for its prompt."""
         first = not tried and not waited
         if first and (
             not self.queue.may_start(flow) or self._must_wait(route, model, small, conversation)
@@ -111,6 +109,9 @@ class Waits:
             return placed if isinstance(placed, Refused) else Queued(placed)
         look = waited or not self.traffic.policies.of(route).reads_conversations
         full = tuple(self._full_hosts(route, model, [*tried, *small])) if look else ()
+        freed = self._freeing  # a shared count may not yet show another host's newest
+        if waited and freed in route.hosts and freed not in (*tried, *small, *full):
+            full = tuple(h for h in route.hosts if h != freed)
         if not counted:
             self.queue.started(flow, self.clock.seconds())
             self._release(flow.name)
@@ -164,10 +165,8 @@ class Waits:
         conversation: Conversation | None,
         skip: Iterable[str] = (),
     ) -> str | None:
-        """The host a ``cache_affinity`` turn is to wait for: the one its conversation's
-        last turn went to (or, seen first after its first turn, its hash's home), in the
-        best group and with every slot busy, not in ``skip`` (too small for it); ``None``
-        when there is none to wait for."""
+        """The host a ``cache_affinity`` turn is to wait for (its last turn's, or its hash's
+        home), in the best group, every slot busy, not in ``skip``; ``None``: none."""
         if conversation is None or not route.home_wait or not route.queue:
             return None
         policy = self.traffic.policies.of(route)
@@ -193,9 +192,8 @@ class Waits:
         conversation: Conversation | None = None,
         small: Sequence[str] = (),
     ) -> Waiting[Waiter] | Refused:
-        """Queue ``waiter`` (or say why not: a limit, answered 429; crossbar stopping,
-        503): for its own host first, when it is a ``cache_affinity`` turn whose host is
-        full."""
+        """Queue ``waiter`` (for its own host first, a ``cache_affinity`` turn whose host is
+        full), or say why not: a limit, answered 429; crossbar stopping, 503."""
         if self._stopping:
             return STOPPING
         now = self.clock.seconds()
@@ -290,7 +288,7 @@ class Waits:
             host, model, pools, [*self.queue.heads(pools).values()], fresh
         ):
             return
-        self._send(pools)
+        self._send(pools, host)
 
     def _pools_of(self, host: str, model: str | None) -> list[Hashable]:
         """The pools a slot of ``host`` for ``model`` serves (its own, for turns waiting for it)."""
@@ -302,13 +300,12 @@ class Waits:
         next request waiting for it takes it. False: none did (it goes to the next worker)."""
         before = self.queue.waiting()
         if before and not self._stopping:
-            self._send(self._pools_of(host, model))
+            self._send(self._pools_of(host, model), host)
         return self.queue.waiting() < before
 
     def _keep(self, flow: Flow, host: str, model: str | None, pools: list[Hashable]) -> bool:
-        """Keep the slot ``flow``'s request just freed for its next one (:data:`KEEP`),
-        if it has nothing else running or waiting and would be served first (here, and
-        before every request waiting in another worker)."""
+        """Keep the slot ``flow``'s request just freed for its next one (:data:`KEEP`), if
+        nothing else of it runs or waits and it would be served first (in every worker)."""
         name = flow.name
         if name in self._kept or self.queue.flow(name) != (0, 0):
             return False
@@ -335,14 +332,18 @@ class Waits:
             self.traffic.move(host, None, model)
             self._freed(host, model, None, released=True)
 
-    def _send(self, pools: list[Hashable]) -> None:
-        """The next request a freed slot of ``pools`` can serve goes to it."""
+    def _send(self, pools: list[Hashable], host: str | None = None) -> None:
+        """The next request a freed slot of ``pools`` (on ``host``) can serve goes to it."""
         now = self.clock.seconds()
         waiting = self.queue.pop(pools, now)
         if waiting is not None:
             self._held.pop(waiting.seq, None)
             self._unhome(waiting.seq)
-            waiting.item.dispatched(now - waiting.arrived)
+            self._freeing = host
+            try:
+                waiting.item.dispatched(now - waiting.arrived)
+            finally:
+                self._freeing = None
 
     def _tick(self) -> None:
         """Time-outs, and pools whose hosts have room again (a host back up, a reload)."""
@@ -382,9 +383,8 @@ class Waits:
         return not self._must_wait(route, pool[1], ())
 
     def drain(self) -> None:
-        """crossbar is stopping: whoever waits is answered 503 now, and so is, from now on,
-        a request that would wait (a first request on a connection accepted as the drain
-        began): it would otherwise wait for the answers in flight, until the drain cuts it."""
+        """crossbar is stopping: whoever waits is answered 503 now, as is, from now on, a
+        request that would wait (else it would wait for the answers in flight until cut)."""
         self._stopping = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()

@@ -132,3 +132,23 @@ def test_a_request_waiting_first_elsewhere_is_not_passed_by_a_look_at_the_queue(
     others.first = False  # now it waits first
     clock.advance(TICK)
     assert here.told and here.told[0][0] == "dispatched"
+
+
+def test_a_request_sent_for_a_freed_slot_goes_to_that_host() -> None:
+    """A shared count may show another host free a moment before it hears that the host
+    was taken again: a request sent from the queue for gpu-a's freed slot goes to gpu-a,
+    whatever the count says of gpu-b."""
+    waits, _, traffic = shared_waits(first=False)
+    route = waits.route("lab")
+    assert route is not None
+    went: list[object] = []
+
+    class Sent(Told):
+        def dispatched(self, waited: float) -> None:
+            assert route is not None
+            went.append(waits.admit(self, route, "m", ALICE, waited=True))
+
+    waits.admit(Sent(), route, "m", ALICE)
+    traffic.move("gpu-b", None, "m")  # gpu-b looks free: the count is behind (no dispatch)
+    waits.release(None, "gpu-a", "m")
+    assert went == [Go(("gpu-b",))]  # only gpu-a left to choose
