@@ -26,6 +26,10 @@ PREFIX = "crossbar:"
 """The start of every key and channel crossbar uses in the store."""
 
 _KEYS = ("leases", "reports", "offers", "deadlines", "gifts", "offer-ids")
+MOST_MEMBERS = 1024
+"""Members read from the store at most (the first ones); a fleet has a few."""
+MOST_REPORT = 1 << 20
+"""Characters of one member's report at most: a longer one is left out."""
 
 
 class Commands(Protocol):
@@ -183,10 +187,11 @@ def load_state(answer: object) -> Stored:
 
 
 def _pairs(flat: object) -> list[tuple[str, object]]:
-    """A Redis flat list ``[k1, v1, k2, v2, ...]`` as pairs, names checked."""
+    """A Redis flat list ``[k1, v1, k2, v2, ...]`` as pairs, names checked, at most
+    :data:`MOST_MEMBERS` of them."""
     if not isinstance(flat, list):
         return []
-    pairs = zip(flat[::2], flat[1::2], strict=False)
+    pairs = zip(flat[: 2 * MOST_MEMBERS : 2], flat[1 : 2 * MOST_MEMBERS : 2], strict=False)
     return [(k, v) for k, v in pairs if is_name(k)]
 
 
@@ -195,7 +200,7 @@ def _items(value: object) -> list[tuple[str, Any]]:
 
 
 def _json(text: object) -> Any:
-    if not isinstance(text, str | bytes):
+    if not isinstance(text, str | bytes) or len(text) > MOST_REPORT:
         return None
     try:
         return json.loads(text)

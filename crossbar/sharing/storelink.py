@@ -139,8 +139,8 @@ class StoreLink:
         """An offer: the ledger is read first (so that the offered slot is free in this
         member's counts, as the giver's report no longer holds it), then answered."""
         try:
-            offer = json.loads(message)
-        except ValueError:
+            offer = json.loads(message) if len(message) <= 4096 else None
+        except (ValueError, RecursionError):
             return
         if not isinstance(offer, dict) or not isinstance(offer.get("id"), str):
             return

@@ -15,6 +15,8 @@ from twisted.internet.defer import Deferred, succeed
 from crossbar.sharing.ledger import Holding, SlotLedger
 from crossbar.sharing.script import LEDGER_SCRIPT
 from crossbar.sharing.store import (
+    MOST_MEMBERS,
+    MOST_REPORT,
     PREFIX,
     Stored,
     StoreLedger,
@@ -146,3 +148,12 @@ def test_each_call_is_one_run_of_the_script_with_its_keys() -> None:
 def test_the_channels_are_named_for_crossbar() -> None:
     assert changes_channel() == "crossbar:changed"
     assert offers_channel("vm pid 7") == "crossbar:offer:vm pid 7"
+
+
+def test_a_store_holding_too_much_is_read_only_as_far_as_its_bounds() -> None:
+    """Anything may be written there: a report of megabytes is left out, and no more than
+    :data:`MOST_MEMBERS` members are read."""
+    huge = json.dumps({"counts": {}, "heads": {}, "flows": {"x" * 10: 1}, "pad": "y" * MOST_REPORT})
+    assert load_stored(huge) is None
+    many = [x for n in range(MOST_MEMBERS + 50) for x in (f"m{n}", dump_stored(Holding()))]
+    assert len(load_state([many, [], []]).reports) == MOST_MEMBERS

@@ -121,7 +121,7 @@ def test_an_offer_is_answered_after_a_fresh_read() -> None:
 def test_a_malformed_offer_is_left_alone() -> None:
     link, store, _, _, waits = joined()
     before = len(store.runs)
-    for message in ("not json", "[]", '{"slot": "x"}', '{"id": 7}'):
+    for message in ("not json", "[]", '{"slot": "x"}', '{"id": 7}', "[" * 5000):
         link.heard(offers_channel("r1"), message)
     assert len(store.runs) == before and waits.offers == []
 
