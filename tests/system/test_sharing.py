@@ -97,9 +97,21 @@ async def test_two_workers_never_send_the_host_more_than_its_one_slot(tmp_path: 
     assert "the shared slot count (worker 0) is lost" not in result["output"]
 
 
+def workers_of(pid: int) -> list[int]:
+    """The worker processes among ``pid``'s children (not a short-lived helper of its own)."""
+    found = []
+    for child in children(pid):
+        try:
+            if b"crossbar.workers" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            pass  # gone meanwhile
+    return found
+
+
 def slots_back_when_a_worker_dies(tmp_path: Path, sim_url: str) -> dict[str, Any]:
     with two_workers(tmp_path, sim_url) as daemon, ThreadPoolExecutor(16) as pool:
-        (child,) = wait_until(lambda: children(daemon.proc.pid), "worker 1 to start")
+        (child,) = wait_until(lambda: workers_of(daemon.proc.pid), "worker 1 to start")
         for _ in range(16):  # until worker 1 holds the slot (the kernel spreads them)
             started = pool.submit(chat, daemon)
             wait_until(lambda: holding(daemon, "0") or holding(daemon, "1"), "a request")
@@ -197,7 +209,7 @@ async def test_a_replica_killed_holding_a_slot_gives_it_back_within_the_lease(
         work = partial(slots_back_when_a_replica_dies, store_url=store.url)
         result = await beside(sim, work, tmp_path)
     assert result["status"] == 200, result["output"]
-    assert result["seconds"] < LEASE + BEAT + 1, result
+    assert result["seconds"] < LEASE + BEAT + 3, result  # 3 s for a loaded machine
 
 
 def store_lost_and_back(tmp_path: Path, sim_url: str, store: RedisServer) -> dict[str, Any]:
