@@ -15,8 +15,11 @@ prefills only its own tokens.
   and a client's next turn often reaches the host before the save does. A busy slot is
   saved all the same: llama-server holds the save until the slot's turn ends.
 - Before a new conversation's first turn (:meth:`PrefixKeeper.before`), a prefix saved on
-  its host is restored into a slot that has never held a prompt: never into one that holds
-  a live conversation's cache; when none is free, nothing is added on the turn's way.
+  its host is restored into the highest slot that has never held a prompt: never into one
+  that holds a live conversation's cache; when none is free, nothing is added on the turn's
+  way. The highest, so that the host's prompt-similarity choice, which takes the lowest of
+  equally similar idle slots, gives the new conversation the restored slot rather than the
+  idle slot of a live conversation that shares the same prefix.
 
 Through a router the ``POST /slots/N?action=...`` asks carry the model in the body (this
 build's router reads a POST's model from its body, and answers ``400 model name is missing``
@@ -174,7 +177,11 @@ class PrefixKeeper:
         free = [s for s in await self._slots(host, model) if _never_used(s)]
         if not free:
             return  # every slot holds a prompt: nothing is restored over one
-        await self._action(host, model, free[0].id, "restore", saved.name)
+        # The highest: the host gives a new prompt the slot sharing most of it, the lowest of
+        # equals, and an unmatched one the last never-used slot; so each used slot has a
+        # higher id than this one, and an idle live conversation's slot, sharing as much of
+        # the new prompt (the prefix), loses the tie to it rather than being taken.
+        await self._action(host, model, free[-1].id, "restore", saved.name)
         self.saves.restored(host)
 
     async def _save(self, host: str, model: str, prefix: bytes) -> None:
