@@ -14,7 +14,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
-from crossbar.prefixes.keeper import TIMEOUT
+from crossbar.prefixes.keeper import SAVE_TIMEOUT, TIMEOUT
 from crossbar.routing import Conversation
 
 NEW = Conversation(b"k1", 0, b"prefix")
@@ -159,6 +159,22 @@ def test_a_slot_already_busy_with_the_next_turn_is_saved_when_that_turn_ends() -
     keep._client.flush()  # type: ignore[attr-defined]
     assert saving.called and keep.saves.holds("a", "m", b"prefix")
     assert keep.before("lab", "m", "a", NEW) is not None
+
+
+def test_a_save_held_past_its_bound_is_given_up_and_backs_off() -> None:
+    host = FakeHost()
+    keep, clock = keeper(host)
+    ran_first_turn(keep, host, 0)
+    keep.before("lab", "m", "b", NEW)
+    host.slots[0] |= {"id_task": 20, "n_prompt_tokens": 1200, "is_processing": True}
+    saving = keep.finished("lab", "m", "a", LATER, ok=True)
+    clock.advance(SAVE_TIMEOUT)  # the turn never ended
+    assert saving is not None and saving.called and not keep.saves.holds("a", "m", b"prefix")
+    assert not keep.saves.may_ask("a", clock.seconds())
+    clock.advance(31)
+    host.slots[0]["is_processing"] = False
+    keep.finished("lab", "m", "a", LATER, ok=True)  # asked again once the back-off ends
+    assert keep.saves.holds("a", "m", b"prefix")
 
 
 def test_later_turns_of_a_saved_prefix_ask_the_host_nothing() -> None:
