@@ -34,6 +34,13 @@ async def new_conversation(rig: Rig, first: str) -> None:
     assert response.code == 200
 
 
+async def saving_host(make: RigMaker) -> tuple[Rig, SimulatedHost]:
+    """crossbar in front of a simulated host started with ``--slot-save-path``."""
+    sim = SimulatedHost({"tiny-a": "loaded"}, chunks=3, slots=4, cache_ram=0)
+    sim.saved_slots.enabled = True
+    return await make({"gpu-a": sim}, ROUTE), sim
+
+
 def slot_action(sim: SimulatedHost) -> Deferred[str]:
     """The next slot action crossbar asks of ``sim``: its target."""
 
@@ -69,9 +76,7 @@ async def prefilled_beside_a_live_conversation(rig: Rig, sim: SimulatedHost) -> 
 async def test_a_new_conversation_beside_a_live_one_prefills_only_its_own_tokens(
     make: RigMaker,
 ) -> None:
-    sim = SimulatedHost({"tiny-a": "loaded"}, chunks=3, slots=4, cache_ram=0)
-    sim.saved_slots.enabled = True
-    rig = await make({"gpu-a": sim}, ROUTE)
+    rig, sim = await saving_host(make)
     first, _, _, beside = await prefilled_beside_a_live_conversation(rig, sim)
     assert beside < 0.05 * first
     actions = [r.path.split("action=")[1] for r in sim.requests if r.path.startswith("/slots/")]
@@ -97,9 +102,7 @@ async def held(rig: Rig, sim: SimulatedHost, messages: list[dict[str, str]]) -> 
 async def test_a_prefix_popular_after_the_first_turn_is_saved_after_a_later_one(
     make: RigMaker,
 ) -> None:
-    sim = SimulatedHost({"tiny-a": "loaded"}, chunks=3, slots=4, cache_ram=0)
-    sim.saved_slots.enabled = True
-    rig = await make({"gpu-a": sim}, ROUTE)
+    rig, sim = await saving_host(make)
     await new_conversation(rig, "fix the tests")  # seen once: not saved
     first = [SYSTEM, {"role": "user", "content": "fix the tests"}]
     second = await held(rig, sim, [SYSTEM, {"role": "user", "content": "write the docs"}])
@@ -122,9 +125,7 @@ async def test_a_prefix_popular_after_the_first_turn_is_saved_after_a_later_one(
 async def test_a_new_conversation_takes_the_restored_slot_not_a_live_ones(
     make: RigMaker,
 ) -> None:
-    sim = SimulatedHost({"tiny-a": "loaded"}, chunks=3, slots=4, cache_ram=0)
-    sim.saved_slots.enabled = True
-    rig = await make({"gpu-a": sim}, ROUTE)
+    rig, sim = await saving_host(make)
     await new_conversation(rig, "fix the tests")
     answer, go = {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}
     busy = await held(rig, sim, [SYSTEM, {"role": "user", "content": "fix the tests"}, answer, go])

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
@@ -42,7 +43,7 @@ class FakeHost(Resource):
             return json.dumps({"build_info": self.build, "media_marker": self.started}).encode()
         return json.dumps(self.slots).encode()
 
-    def render_POST(self, request: Request) -> bytes:
+    def render_POST(self, request: Request) -> bytes | int:
         assert request.content is not None
         body = json.loads(request.content.read())
         action = request.args[b"action"][0].decode()
@@ -144,14 +145,23 @@ def test_a_prefix_popular_only_after_a_hosts_first_turn_is_saved_after_a_later_t
     assert host.actions[1:] == [("restore", 1, {"filename": "crossbar-prefix-0.bin", "model": "m"})]
 
 
-def test_a_slot_already_busy_with_the_next_turn_is_saved_when_that_turn_ends() -> None:
-    host = FakeHost()
-    keep, _ = keeper(host)
+def saving_a_busy_slot(keep: PrefixKeeper, host: FakeHost) -> Deferred[None]:
+    """The first conversation on ``host`` ran its first turn there, a second one began on
+    another host, and the first one's next turn already runs in slot 0 as the turn before
+    it is done: the save that follows."""
     ran_first_turn(keep, host, 0)
     keep.before("lab", "m", "b", NEW)
     host.slots[0] |= {"id_task": 20, "n_prompt_tokens": 1200, "is_processing": True}
     saving = keep.finished("lab", "m", "a", LATER, ok=True)
-    assert saving is not None and not saving.called
+    assert saving is not None
+    return saving
+
+
+def test_a_slot_already_busy_with_the_next_turn_is_saved_when_that_turn_ends() -> None:
+    host = FakeHost()
+    keep, _ = keeper(host)
+    saving = saving_a_busy_slot(keep, host)
+    assert not saving.called
     assert [(a[0], a[1]) for a in host.actions] == [("save", 0)]  # asked at once, held
     assert keep.finished("lab", "m", "a", LATER, ok=True) is None  # one save at a time
     assert keep.before("lab", "m", "a", NEW) is None  # nothing saved yet to restore
@@ -164,12 +174,9 @@ def test_a_slot_already_busy_with_the_next_turn_is_saved_when_that_turn_ends() -
 def test_a_save_held_past_its_bound_is_given_up_and_backs_off() -> None:
     host = FakeHost()
     keep, clock = keeper(host)
-    ran_first_turn(keep, host, 0)
-    keep.before("lab", "m", "b", NEW)
-    host.slots[0] |= {"id_task": 20, "n_prompt_tokens": 1200, "is_processing": True}
-    saving = keep.finished("lab", "m", "a", LATER, ok=True)
+    saving = saving_a_busy_slot(keep, host)
     clock.advance(SAVE_TIMEOUT)  # the turn never ended
-    assert saving is not None and saving.called and not keep.saves.holds("a", "m", b"prefix")
+    assert saving.called and not keep.saves.holds("a", "m", b"prefix")
     assert not keep.saves.may_ask("a", clock.seconds())
     clock.advance(31)
     host.slots[0]["is_processing"] = False
