@@ -7,12 +7,19 @@ can save a slot to a file and restore it into another slot in milliseconds; a ne
 conversation then takes the restored slot by the host's own prompt-similarity choice and
 prefills only its own tokens.
 
-- After a popular prefix's new conversation ran on a host (:meth:`PrefixKeeper.finished`),
-  the host's idle slot used last (``GET /slots``: the highest ``id_task``) is saved, once per
-  model and build (``/props`` ``build_info``).
+- After a turn of a popular prefix ended on a host that holds it saved in no file yet
+  (:meth:`PrefixKeeper.finished`: a first turn, or any later one while the save is missing),
+  the host's slot used last is saved (``GET /slots``: the highest ``id_task``, an idle one
+  first), once per model and build (``/props`` ``build_info``). A later turn counts: the
+  first conversation on a host often ends its first turn before a second one began anywhere,
+  and a client's next turn often reaches the host before the save does. A busy slot is
+  saved all the same: llama-server holds the save until the slot's turn ends.
 - Before a new conversation's first turn (:meth:`PrefixKeeper.before`), a prefix saved on
-  its host is restored into a slot that has never held a prompt: never into one that holds
-  a live conversation's cache; when none is free, nothing is added on the turn's way.
+  its host is restored into the highest slot that has never held a prompt: never into one
+  that holds a live conversation's cache; when none is free, nothing is added on the turn's
+  way. The highest, so that the host's prompt-similarity choice, which takes the lowest of
+  equally similar idle slots, gives the new conversation the restored slot rather than the
+  idle slot of a live conversation that shares the same prefix.
 
 Through a router the ``POST /slots/N?action=...`` asks carry the model in the body (this
 build's router reads a POST's model from its body, and answers ``400 model name is missing``
@@ -29,6 +36,7 @@ from urllib.parse import quote
 import msgspec
 import treq
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import TimeoutError as NoAnswer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -42,6 +50,8 @@ MIN_TOKENS = 64
 """A saved prefix shorter than this is never restored: too short to gain from."""
 TIMEOUT = 2.0
 """Seconds a restore may hold a turn (it takes milliseconds): past them the turn goes."""
+SAVE_TIMEOUT = 600.0
+"""Seconds a save may take, waiting for its busy slot's turn to end on the host."""
 
 
 class HTTPClient(Protocol):
@@ -96,6 +106,8 @@ class PrefixKeeper:
         self._client, self._urls, self._clock = client, urls, clock
         self.saves, self.counts = saves, counts or PrefixCounts()
         self._headers = headers or {}
+        self._saving: set[tuple[str, str, bytes]] = set()
+        """Saves asked and not answered yet: host, model, prefix."""
 
     def before(
         self, route: str, model: str | None, host: str, conversation: Conversation | None
@@ -112,36 +124,44 @@ class PrefixKeeper:
             host, model, conversation.prefix
         ):
             return None
-        restoring = Deferred.fromCoroutine(self._guarded(host, model, conversation.prefix, True))
-        return restoring.addTimeout(TIMEOUT, self._clock)
+        return Deferred.fromCoroutine(
+            self._guarded(host, model, conversation.prefix, True, TIMEOUT)
+        )
 
     def finished(
         self, route: str, model: str | None, host: str, conversation: Conversation | None, ok: bool
     ) -> Deferred[None] | None:
-        """A turn on ``host`` ended (``ok``: answered whole): the first turn of a popular
-        prefix not yet saved there has its slot saved."""
+        """A turn on ``host`` ended (``ok``: answered whole): a popular prefix has its slot
+        saved there, after a first turn (unless saved for this build and start already) or
+        after a later one while no file holds it there."""
         if not ok or conversation is None or conversation.prefix is None or model is None:
             return None
-        now = self._clock.seconds()
-        if conversation.turn != 0 or not self.saves.may_ask(host, now):
+        now, prefix = self._clock.seconds(), conversation.prefix
+        if conversation.turn is None or not self.saves.may_ask(host, now):
             return None
-        if not self.counts.popular(route, model, conversation.prefix, now):
+        if conversation.turn > 0 and self.saves.holds(host, model, prefix):
             return None
-        return Deferred.fromCoroutine(self._guarded(host, model, conversation.prefix, False))
+        if (host, model, prefix) in self._saving or not self.counts.popular(
+            route, model, prefix, now
+        ):
+            return None
+        self._saving.add((host, model, prefix))
+        saving = Deferred.fromCoroutine(self._guarded(host, model, prefix, False, SAVE_TIMEOUT))
+        return saving.addBoth(lambda _: self._saving.discard((host, model, prefix)))
 
-    async def _guarded(self, host: str, model: str, prefix: bytes, restore: bool) -> None:
+    async def _guarded(
+        self, host: str, model: str, prefix: bytes, restore: bool, timeout: float
+    ) -> None:
         what = "restore" if restore else "save"
+        asked = self._restore(host, model, prefix) if restore else self._save(host, model, prefix)
         try:
-            if restore:
-                await self._restore(host, model, prefix)
-            else:
-                await self._save(host, model, prefix)
+            await Deferred.fromCoroutine(asked).addTimeout(timeout, self._clock)
         except _Refused:
             self.saves.refused(host, self._clock.seconds())
             log.info("host {host} keeps no saved slots (no --slot-save-path)", host=host)
         except Exception as e:
-            if isinstance(e, CancelledError):
-                e = _Failed(f"no answer within {TIMEOUT:g}s")
+            if isinstance(e, (CancelledError, NoAnswer)):
+                e = _Failed(f"no answer within {timeout:g}s")
             wait = self.saves.failed(host, self._clock.seconds())
             log.warn(
                 "prefix {what} of model {model} on host {host} failed: {why}; not tried"
@@ -157,19 +177,21 @@ class PrefixKeeper:
         free = [s for s in await self._slots(host, model) if _never_used(s)]
         if not free:
             return  # every slot holds a prompt: nothing is restored over one
-        await self._action(host, model, free[0].id, "restore", saved.name)
+        # The highest: the host gives a new prompt the slot sharing most of it, the lowest of
+        # equals, and an unmatched one the last never-used slot; so each used slot has a
+        # higher id than this one, and an idle live conversation's slot, sharing as much of
+        # the new prompt (the prefix), loses the tie to it rather than being taken.
+        await self._action(host, model, free[-1].id, "restore", saved.name)
         self.saves.restored(host)
 
     async def _save(self, host: str, model: str, prefix: bytes) -> None:
         key = await self._key(host, model, prefix)
         if key is None or self.saves.find(host, key) is not None:
             return
-        idle = [
-            s for s in await self._slots(host, model) if not s.is_processing and s.n_prompt_tokens
-        ]
-        if not idle:
+        used = [s for s in await self._slots(host, model) if s.n_prompt_tokens]
+        if not used:
             return
-        last = max(idle, key=lambda s: s.id_task or 0)
+        last = max(used, key=lambda s: (not s.is_processing, s.id_task or 0))
         name = self.saves.name_for(host, key)
         answer = await self._action(host, model, last.id, "save", name)
         self.saves.saved(host, key, name, answer.n_saved)

@@ -3,10 +3,12 @@ agent's system prompt once two new conversations began with it (``POST /slots/N?
 the model in the body, as this build's router reads it), and restores it before the next
 new conversation, which prefills only its own tokens; a router started without
 ``--slot-save-path`` answers 501 and is left alone; a model reloaded between a save and a
-restore is saved again, never restored from the file of its earlier start."""
+restore is saved again, never restored from the file of its earlier start. A save of a busy
+slot waits for its turn to end, and writes all of that turn."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,3 +135,43 @@ def test_a_model_reloaded_between_save_and_restore_is_saved_again(
     )
     assert host_prefixes(proxy)["restores"] == 0
     assert {s["model"] for s in saved} == {MODEL}
+
+
+def test_the_router_saves_a_busy_slot_once_its_turn_ended(
+    tiny_models: Callable[..., Path],
+    llama_router: RouterStarter,
+    crossbar_process: CrossbarStarter,
+    tmp_path: Path,
+) -> None:
+    router, _ = crossbar_on(llama_router, crossbar_process, tiny_models(MODEL), tmp_path / "s")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "go"}],
+        "max_tokens": 1500,  # long enough to be asked for a save while it runs
+        "ignore_eos": True,
+    }
+    turn: list[Any] = []
+    running = threading.Thread(
+        target=lambda: turn.append(request("POST", f"{router.url}/v1/chat/completions", body))
+    )
+    running.start()
+    busy = wait_until(
+        lambda: [s["id"] for s in slots_of(router) if s["is_processing"]] or None,
+        SEEN_TIMEOUT,
+        "the turn running in a slot",
+    )
+    saved = request(
+        "POST", f"{router.url}/slots/{busy[0]}?action=save", {"filename": "b.bin", "model": MODEL}
+    )
+    running.join()
+    assert saved.status == 200 and turn[0].status == 200
+    timings = turn[0].json()["timings"]
+    whole = timings["cache_n"] + timings["prompt_n"] + timings["predicted_n"]
+    assert saved.json()["n_saved"] >= whole - 1  # the whole turn, answer included
+
+
+def slots_of(router: Any) -> list[dict[str, Any]]:
+    answer = request("GET", f"{router.url}/slots?model={MODEL}")
+    assert answer.status == 200
+    listed: list[dict[str, Any]] = answer.json()
+    return listed

@@ -14,7 +14,8 @@ host:
   dropped oldest first beyond the budget, always keeping one;
 - the tokens shared with the slot are reused (``cache_n``), the rest are processed
   (``prompt_n``), at least one: a model needs one to evaluate before it can answer;
-- when the request ends the slot holds its prompt and the answer's tokens.
+- when the request ends the slot holds its prompt and the answer's tokens;
+- what waits for a busy slot (a save of it) goes on once its request ends (``when_idle``).
 
 Tokens are not a tokenizer's.  A chat is rendered as a ChatML-like template (every message as
 ``<|im_start|>role\\ncontent<|im_end|>\\n``, then ``<|im_start|>assistant\\n``) and text is
@@ -29,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +138,7 @@ class PromptCache:
         self._slots = [_Slot(i) for i in range(slots)]
         self._saved: deque[Tokens] = deque()
         self._releases = self._tasks = 0
+        self._on_idle: dict[int, list[Callable[[], None]]] = {}
 
     @property
     def state(self) -> CacheState:
@@ -168,6 +170,16 @@ class PromptCache:
         slot = self._slots[slot_id]
         slot.tokens, slot.busy = tokens, False
         slot.last_used, self._releases = self._releases, self._releases + 1
+        for then in self._on_idle.pop(slot_id, []):
+            then()
+
+    def when_idle(self, slot_id: int, then: Callable[[], None]) -> None:
+        """``then()`` once slot ``slot_id`` is idle: now, or when its request ends (as
+        llama-server holds a save of a busy slot until then)."""
+        if self._slots[slot_id].busy:
+            self._on_idle.setdefault(slot_id, []).append(then)
+        else:
+            then()
 
     def listing(self) -> list[dict[str, object]]:
         """``GET /slots``: each slot, with ``id_task`` and its tokens once it took a request

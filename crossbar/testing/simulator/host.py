@@ -279,7 +279,7 @@ class SimulatedHost:
         elif method == "POST" and path.startswith("/slots/"):
             name = await self._model(request, body := serving.json_body(request))
             server = self._table.models[name if self.router else self._single_model()]
-            self.saved_slots.act(self._slots.running(server.id, server.port), request, body)
+            await self.saved_slots.act(self._slots.running(server.id, server.port), request, body)
         elif method == "GET" and path in ("/props", "/slots", "/metrics"):
             await self._info(request, path)
         elif method == "GET" and path == "/_simulator/counts":

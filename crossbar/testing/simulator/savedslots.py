@@ -1,11 +1,13 @@
 """Saved slots, as a llama-server started with ``--slot-save-path`` keeps them.
 
 ``POST /slots/N?action=save {"filename": F}`` writes slot N's tokens under F;
-``action=restore`` puts them into slot N. The files are the host's, shared by every model
-server (in router mode each loaded model's server gets the same folder), and belong to the
-model that wrote them: another model's file is refused, as llama-server refuses a file
-its KV cannot take. A host started without a save path answers ``501``; a name with a
-path in it ``400 Invalid filename``. Through a router the model is read from the body.
+``action=restore`` puts them into slot N. A save of a busy slot is answered once its
+request ends, with what the slot holds then, as llama-server defers it. The files are the
+host's, shared by every model server (in router mode each loaded model's server gets the
+same folder), and belong to the model that wrote them: another model's file is refused, as
+llama-server refuses a file its KV cannot take. A host started without a save path answers
+``501``; a name with a path in it ``400 Invalid filename``. Through a router the model is
+read from the body.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.web.server import Request
 
 from crossbar.testing.simulator import serving
@@ -32,9 +35,21 @@ class SlotFiles:
         self.enabled = False
         """``--slot-save-path`` given; off by default, as on llama-server."""
 
-    def act(self, cache: PromptCache, request: Request, body: dict[str, Any]) -> None:
-        """``POST /slots/N?action=...`` on ``cache``'s slot N, answered."""
+    async def act(self, cache: PromptCache, request: Request, body: dict[str, Any]) -> None:
+        """``POST /slots/N?action=...`` on ``cache``'s slot N, answered (a save once the
+        slot is idle)."""
         slot, action = request.path.decode().rsplit("/", 1)[1], serving.query(request, "action")
+        if (
+            self.enabled
+            and action == "save"
+            and slot.isdigit()
+            and int(slot) < len(cache.listing())
+        ):
+            idle: Deferred[None] = Deferred()
+            cache.when_idle(int(slot), lambda: idle.callback(None))
+            await idle
+            if request.finished or request._disconnected:  # the asker left meanwhile
+                return
         serving.send(request, 200, self._answer(cache, slot, action, body))
 
     def _answer(self, cache: PromptCache, slot: str, action: str, body: dict[str, Any]) -> bytes:

@@ -9,12 +9,13 @@ import json
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
-from crossbar.prefixes.keeper import TIMEOUT
+from crossbar.prefixes.keeper import SAVE_TIMEOUT, TIMEOUT
 from crossbar.routing import Conversation
 
 NEW = Conversation(b"k1", 0, b"prefix")
@@ -33,6 +34,8 @@ class FakeHost(Resource):
         self.slots: list[dict[str, Any]] = [{"id": 0}, {"id": 1}]
         self.files: dict[str, int] = {}
         self.actions: list[tuple[str, int, dict[str, Any]]] = []
+        self.held: list[tuple[Request, int, str]] = []
+        """Saves of a busy slot, answered when its turn ends (:meth:`turn_ended`)."""
 
     def render_GET(self, request: Request) -> bytes:
         self.gets += 1
@@ -40,7 +43,7 @@ class FakeHost(Resource):
             return json.dumps({"build_info": self.build, "media_marker": self.started}).encode()
         return json.dumps(self.slots).encode()
 
-    def render_POST(self, request: Request) -> bytes:
+    def render_POST(self, request: Request) -> bytes | int:
         assert request.content is not None
         body = json.loads(request.content.read())
         action = request.args[b"action"][0].decode()
@@ -49,15 +52,29 @@ class FakeHost(Resource):
         if not self.save_path:
             request.setResponseCode(501)
             return b'{"error":{"code":501,"message":"This server does not support slots action."}}'
+        if action == "save" and self.slots[slot].get("is_processing"):
+            self.held.append((request, slot, body["filename"]))  # llama-server defers it
+            return NOT_DONE_YET
         if action == "save":
-            self.files[body["filename"]] = self.slots[slot]["n_prompt_tokens"]
-            return json.dumps({"n_saved": self.files[body["filename"]]}).encode()
+            return self._save(slot, body["filename"])
         if body["filename"] not in self.files:
             request.setResponseCode(400)
             return b'{"error":{"code":400,"message":"invalid slot save file"}}'
         tokens = self.files[body["filename"]]
         self.slots[slot] |= {"id_task": 99, "n_prompt_tokens": tokens}
         return json.dumps({"n_restored": tokens}).encode()
+
+    def _save(self, slot: int, name: str) -> bytes:
+        self.files[name] = self.slots[slot]["n_prompt_tokens"]
+        return json.dumps({"n_saved": self.files[name]}).encode()
+
+    def turn_ended(self, slot: int) -> None:
+        """The turn running in ``slot`` ended: the saves held for it are answered."""
+        self.slots[slot]["is_processing"] = False
+        for request, at, name in [h for h in self.held if h[1] == slot]:
+            self.held.remove((request, at, name))
+            request.write(self._save(at, name))
+            request.finish()
 
 
 def keeper(host: FakeHost) -> tuple[PrefixKeeper, Clock]:
@@ -113,6 +130,68 @@ def test_a_host_without_a_save_path_is_asked_once() -> None:
     assert [a[0] for a in host.actions] == ["save"]
     assert keep.saves.allows("a") is False
     assert keep.before("lab", "m", "a", NEW) is None
+
+
+def test_a_prefix_popular_only_after_a_hosts_first_turn_is_saved_after_a_later_turn() -> None:
+    host = FakeHost()
+    keep, _ = keeper(host)
+    ran_first_turn(keep, host, 0)  # the first conversation anywhere: not popular yet
+    assert keep.finished("lab", "m", "a", LATER, ok=True) is None
+    keep.before("lab", "m", "b", NEW)  # a second one begins, on another host
+    host.slots[0] |= {"id_task": 20, "n_prompt_tokens": 1200}  # the first one's next turn
+    keep.finished("lab", "m", "a", LATER, ok=True)
+    assert host.actions == [("save", 0, {"filename": "crossbar-prefix-0.bin", "model": "m"})]
+    keep.before("lab", "m", "a", NEW)  # the host's next new conversation gains from it
+    assert host.actions[1:] == [("restore", 1, {"filename": "crossbar-prefix-0.bin", "model": "m"})]
+
+
+def saving_a_busy_slot(keep: PrefixKeeper, host: FakeHost) -> Deferred[None]:
+    """The first conversation on ``host`` ran its first turn there, a second one began on
+    another host, and the first one's next turn already runs in slot 0 as the turn before
+    it is done: the save that follows."""
+    ran_first_turn(keep, host, 0)
+    keep.before("lab", "m", "b", NEW)
+    host.slots[0] |= {"id_task": 20, "n_prompt_tokens": 1200, "is_processing": True}
+    saving = keep.finished("lab", "m", "a", LATER, ok=True)
+    assert saving is not None
+    return saving
+
+
+def test_a_slot_already_busy_with_the_next_turn_is_saved_when_that_turn_ends() -> None:
+    host = FakeHost()
+    keep, _ = keeper(host)
+    saving = saving_a_busy_slot(keep, host)
+    assert not saving.called
+    assert [(a[0], a[1]) for a in host.actions] == [("save", 0)]  # asked at once, held
+    assert keep.finished("lab", "m", "a", LATER, ok=True) is None  # one save at a time
+    assert keep.before("lab", "m", "a", NEW) is None  # nothing saved yet to restore
+    host.turn_ended(0)
+    keep._client.flush()  # type: ignore[attr-defined]
+    assert saving.called and keep.saves.holds("a", "m", b"prefix")
+    assert keep.before("lab", "m", "a", NEW) is not None
+
+
+def test_a_save_held_past_its_bound_is_given_up_and_backs_off() -> None:
+    host = FakeHost()
+    keep, clock = keeper(host)
+    saving = saving_a_busy_slot(keep, host)
+    clock.advance(SAVE_TIMEOUT)  # the turn never ended
+    assert saving.called and not keep.saves.holds("a", "m", b"prefix")
+    assert not keep.saves.may_ask("a", clock.seconds())
+    clock.advance(31)
+    host.slots[0]["is_processing"] = False
+    keep.finished("lab", "m", "a", LATER, ok=True)  # asked again once the back-off ends
+    assert keep.saves.holds("a", "m", b"prefix")
+
+
+def test_later_turns_of_a_saved_prefix_ask_the_host_nothing() -> None:
+    host = FakeHost()
+    keep, _ = keeper(host)
+    for _ in range(2):
+        ran_first_turn(keep, host, 0)
+    asked = (host.gets, len(host.actions))
+    assert keep.finished("lab", "m", "a", LATER, ok=True) is None
+    assert (host.gets, len(host.actions)) == asked
 
 
 def test_a_new_build_saves_again_rather_than_restoring() -> None:

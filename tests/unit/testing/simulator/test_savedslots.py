@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest_twisted
 from treq.testing import StubTreq
+from twisted.internet.task import Clock
 
 from crossbar.testing import SimulatedHost
 
@@ -91,3 +92,30 @@ async def test_props_tell_a_new_start_of_the_model_server() -> None:
     after = (await call(sim, "GET", "/props?model=tiny-a&autoload=false"))[1]
     assert before["build_info"] == after["build_info"]
     assert before["media_marker"] != after["media_marker"]
+
+
+def test_a_save_of_a_busy_slot_is_answered_once_its_request_ends() -> None:
+    clock = Clock()
+    sim = SimulatedHost({"tiny-a": "loaded"}, reactor=clock, chunks=10, chunk_interval=0.1)
+    sim.saved_slots.enabled = True
+    stub = StubTreq(sim.resource)
+    body = {"model": "tiny-a", "messages": [SYSTEM, {"role": "user", "content": "fix it"}]}
+    answered: list[Any] = []
+    stub.post("http://sim/v1/chat/completions", json=body).addCallback(answered.append)
+    clock.advance(0)
+    stub.flush()
+    state = sim.cache()
+    assert state is not None and True in state.busy
+    busy = state.busy.index(True)
+    saved: list[Any] = []
+    asked = stub.post(f"http://sim/slots/{busy}?action=save",
+                      json={"filename": "p.bin", "model": "tiny-a"})  # fmt: skip
+    asked.addCallback(stub.json_content).addCallback(saved.append)
+    clock.advance(0.5)
+    stub.flush()
+    assert not saved and not answered  # held while the turn runs
+    clock.advance(1.0)
+    stub.flush()
+    after = sim.cache()
+    assert answered and after is not None and not after.busy[busy]
+    assert saved == [{"id_slot": busy, "filename": "p.bin", "n_saved": after.slots[busy]}]
