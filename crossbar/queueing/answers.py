@@ -51,18 +51,17 @@ class SlotShare(Protocol):
         ...
 
     def owed(
-        self,
-        host: str,
-        model: str | None,
-        pools: Sequence[Hashable],
-        mine: Sequence[Head],
-        fresh: bool = False,
+        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
     ) -> bool:
         """Whether a slot of ``host`` for ``model``, just freed here, is owed to a request
         waiting in another worker for ``pools`` before each of ``mine`` (this worker's
-        first in each pool): then it has been given over, and this worker does not use it.
-        ``fresh``: given over whatever this worker knows, for the shared count to offer to
-        the request first by its own, fresher, view (this worker's, perhaps)."""
+        first in each pool): then it has been given over, and this worker does not use it."""
+        ...
+
+    def hand_over(self, host: str, model: str | None, pools: Sequence[Hashable]) -> bool:
+        """Give a slot of ``host`` freed here to the shared count, whatever this worker
+        knows, for it to offer by its own, fresher, order (perhaps back here); ``False``
+        when no shared count is heard."""
         ...
 
     def changed(self) -> None:

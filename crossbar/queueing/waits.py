@@ -275,8 +275,7 @@ class Waits:
         ended in it): kept for it, owed to a request waiting in another worker, or taken here.
         ``released``: kept and not taken: the shared count's fresher order decides."""
         share = self.share
-        fresh = released and share is not None
-        if not fresh and not self.queue.waiting() and (share is None or not share.waiting()):
+        if not self.queue.waiting() and (share is None or not (released or share.waiting())):
             return  # nothing waits: costs nothing
         state = self.table.view.get(host)
         if state is not None and not state.healthy:
@@ -284,11 +283,11 @@ class Waits:
         pools = self._pools_of(host, model)
         if ending is not None and self._keep(ending, host, model, pools):
             return
-        if share is not None and share.owed(
-            host, model, pools, [*self.queue.heads(pools).values()], fresh
+        if share is None or not (
+            (released and share.hand_over(host, model, pools))
+            or share.owed(host, model, pools, [*self.queue.heads(pools).values()])
         ):
-            return
-        self._send(pools, host)
+            self._send(pools, host)
 
     def _pools_of(self, host: str, model: str | None) -> list[Hashable]:
         """The pools a slot of ``host`` for ``model`` serves (its own, for turns waiting for it)."""
@@ -296,8 +295,7 @@ class Waits:
         return [*((route, model) for route in routes), *((route, model, host) for route in routes)]
 
     def offered(self, host: str, model: str | None) -> bool:
-        """A slot of ``host`` for ``model``, freed in another worker, is offered here: the
-        next request waiting for it takes it. False: none did (it goes to the next worker)."""
+        """A slot freed in another worker is offered: whether a request waiting here took it."""
         before = self.queue.waiting()
         if before and not self._stopping:
             self._send(self._pools_of(host, model), host)

@@ -68,18 +68,17 @@ class Member:
         return any(p in heads and self._order(heads[p]) < order for p in pools)
 
     def owed(
-        self,
-        host: str,
-        model: str | None,
-        pools: Sequence[Hashable],
-        mine: Sequence[Head],
-        fresh: bool = False,
+        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
     ) -> bool:
-        uplink, heads = self.uplink, self._others.heads
+        heads = self._others.heads
         first = min((self._order(heads[p]) for p in pools if p in heads), default=None)
-        if uplink is None or (first is None and not fresh):
+        if first is None or any(self._order(head) <= first for head in mine):
             return False
-        if not fresh and first is not None and any(self._order(h) <= first for h in mine):
+        return self.hand_over(host, model, pools)
+
+    def hand_over(self, host: str, model: str | None, pools: Sequence[Hashable]) -> bool:
+        uplink = self.uplink
+        if uplink is None:
             return False
         self._gift += 1  # held elsewhere, as this worker counts, until worker 0 has counted it
         self._gifts.append((self._gift, (host, model)))

@@ -14,7 +14,6 @@ from crossbar.queueing.waits import KEEP, TICK
 from tests.support.waiting import Told, proxy
 
 ALICE = Flow("alice", 1, None, 1)
-ALICE_HEAD = (1, 0, 0.0, "alice")
 
 
 class OtherWorkers:
@@ -32,16 +31,15 @@ class OtherWorkers:
         return self.first
 
     def owed(
-        self,
-        host: str,
-        model: str | None,
-        pools: Sequence[Hashable],
-        mine: Sequence[Head],
-        fresh: bool = False,
+        self, host: str, model: str | None, pools: Sequence[Hashable], mine: Sequence[Head]
     ) -> bool:
-        if self.first or fresh:  # given over: the shared count decides where it goes
+        if self.first:
             self.given.append((host, model, list(mine)))
-        return self.first or fresh
+        return self.first
+
+    def hand_over(self, host: str, model: str | None, pools: Sequence[Hashable]) -> bool:
+        self.given.append((host, model, []))  # whatever waits here: the count decides
+        return True
 
     def changed(self) -> None:
         self.changes += 1
@@ -114,7 +112,7 @@ def test_a_kept_slot_its_flow_did_not_take_goes_by_the_fleet_s_order() -> None:
     waits.release(Flow("bob", 0, None, 1), "gpu-a", "m", 1.0)  # interactive: kept for bob
     assert others.given == [] and here.told == []
     cast(Clock, waits.clock).advance(KEEP)  # bob's next request did not come here
-    assert others.given == [("gpu-a", "m", [ALICE_HEAD])]
+    assert others.given == [("gpu-a", "m", [])]
     assert here.told == []  # the shared count offers it: to alice, if she is first
 
 

@@ -114,10 +114,11 @@ def test_a_fresh_look_gives_the_slot_over_whatever_this_worker_knows() -> None:
     next request waits, so it decides (it may offer the slot back here)."""
     m, uplink, _, _ = member()
     mine = (0, 0, 1.0, "alice")
-    assert m.owed("gpu-a", "m", [CHAT], [mine], fresh=True)  # nothing known elsewhere
+    assert not m.owed("gpu-a", "m", [CHAT], [mine])  # nothing known elsewhere
+    assert m.hand_over("gpu-a", "m", [CHAT])  # but the count may know more
     assert uplink.sent == [("give", SLOT, [CHAT], 1)]
     m.lost("gone")
-    assert not m.owed("gpu-a", "m", [CHAT], [mine], fresh=True)  # nobody to decide: here
+    assert not m.hand_over("gpu-a", "m", [CHAT])  # nobody to decide: here
 
 
 def test_a_gift_counts_as_held_elsewhere_until_worker_0_has_counted_it() -> None:
