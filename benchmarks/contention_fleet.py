@@ -45,15 +45,23 @@ def crossbar_yaml(
     return "\n".join(lines) + "\n"
 
 
-def fleet_ready(proxy: Daemon, count: int) -> bool:
-    """True once crossbar has seen every host healthy with the model loaded (the pages take
-    the route's keys)."""
-    request = urllib.request.Request(f"{proxy.url}/_crossbar/status")
+def page(proxy: Daemon, path: str) -> bytes | None:
+    """A status page of ``proxy`` (the pages take the route's keys); ``None`` if none came."""
+    request = urllib.request.Request(f"{proxy.url}/_crossbar/{path}")
     request.add_header("Authorization", f"Bearer {KEYS[HEAVY]}")
     try:
         with urllib.request.urlopen(request, timeout=2) as response:
-            hosts = json.load(response).get("hosts", {})
-    except (OSError, ValueError):
+            body: bytes = response.read()
+            return body
+    except OSError:
+        return None
+
+
+def fleet_ready(proxy: Daemon, count: int) -> bool:
+    """True once crossbar has seen every host healthy with the model loaded."""
+    try:
+        hosts = json.loads(page(proxy, "status") or b"{}").get("hosts", {})
+    except ValueError:
         return False
     return len(hosts) == count and all(
         h["healthy"] and MODEL in h["loaded"] for h in hosts.values()
@@ -80,13 +88,7 @@ def start_simulator(args: argparse.Namespace, workdir: Path) -> tuple[Daemon, li
 
 def shared(proxy: Daemon) -> bool:
     """True once the replica counts the others' slots (the store's count is heard)."""
-    request = urllib.request.Request(f"{proxy.url}/_crossbar/metrics")
-    request.add_header("Authorization", f"Bearer {KEYS[HEAVY]}")
-    try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return b"crossbar_shared_count_up 1.0" in response.read()
-    except OSError:
-        return False
+    return b"crossbar_shared_count_up 1.0" in (page(proxy, "metrics") or b"")
 
 
 @contextmanager

@@ -17,7 +17,6 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import txredisapi
-from twisted.application.internet import backoffPolicy
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import HostnameEndpoint
@@ -28,7 +27,7 @@ from twisted.python.failure import Failure
 
 from crossbar.config import SharedState
 from crossbar.sharing.ledger import Holding, SlotKey
-from crossbar.sharing.links import QuietClientService
+from crossbar.sharing.links import RETRY, QuietClientService
 from crossbar.sharing.member import Member
 from crossbar.sharing.store import (
     Stored,
@@ -262,11 +261,10 @@ def storing(reactor: Any, member: Member, state: SharedState) -> MultiService:
     """A replica's service: its member joined to the store, as long as the store answers."""
     link = StoreLink(member, reactor)
     service = _Storing(link)
-    policy = backoffPolicy(initialDelay=0.2, maxDelay=5.0, factor=2.0)
     endpoint = HostnameEndpoint(reactor, state.host, state.port, timeout=REPLY_TIMEOUT * 5)
     for subscribe in (False, True):
         factory = _Connections(link, state, subscribe)
-        QuietClientService(endpoint, factory, retryPolicy=policy, clock=reactor).setServiceParent(
+        QuietClientService(endpoint, factory, retryPolicy=RETRY, clock=reactor).setServiceParent(
             service
         )
     return service
