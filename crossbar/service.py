@@ -46,10 +46,12 @@ from crossbar.pages import (
     publish_port,
     read_port,
 )
+from crossbar.polling import HealthTable
 from crossbar.prefixes import PrefixCounts, PrefixKeeper, PrefixSaves
 from crossbar.proxy import ProxyContext, ProxyResource
 from crossbar.queueing import Traffic, Waits
-from crossbar.sharing import Member, joining, keeping, storing
+from crossbar.routing import CacheAffinity
+from crossbar.sharing import Member, PlacementSync, joining, keeping, storing
 from crossbar.sites import PageResources, Private, Sites
 from crossbar.stats import AccessLog, Metrics, Observers
 from crossbar.upstream import describe
@@ -111,7 +113,8 @@ class Crossbar(MultiService):
         if self.share is not None:
             self.share.waits = self.waits
             self.metrics.registry.register(self.share)
-            _sharing(config, worker, self.share, reactor).setServiceParent(self)
+            placements = _placements(config, self.share, self.traffic, self.table, reactor)
+            _sharing(config, worker, self.share, reactor, placements).setServiceParent(self)
         if shared:
             self.listener.listening.addCallback(self._accept_once_polled)
         if worker is None or worker.index == 0:
@@ -312,11 +315,30 @@ def _share(
     return member
 
 
-def _sharing(config: Config, worker: WorkerInfo | None, member: Member, reactor: Any) -> Service:
+def _placements(
+    config: Config, member: Member, traffic: Traffic, table: HealthTable, reactor: Any
+) -> PlacementSync | None:
+    """With a store, ``cache_affinity``'s placements shared through it."""
+    if config.shared_state is None:
+        return None
+    affinity = traffic.policies.named(CacheAffinity.name)
+    assert isinstance(affinity, CacheAffinity)
+    return PlacementSync(
+        member.name, affinity.conversations, reactor, lambda host: table.get(host) is not None
+    )
+
+
+def _sharing(
+    config: Config,
+    worker: WorkerInfo | None,
+    member: Member,
+    reactor: Any,
+    placements: PlacementSync | None = None,
+) -> Service:
     """With a store, every process joins it; else worker 0 keeps the count (on a loopback
     port, for the others) and the others join it."""
     if config.shared_state is not None:
-        return storing(reactor, member, config.shared_state)
+        return storing(reactor, member, config.shared_state, placements)
     assert worker is not None
     secret = peer_secret(worker).value.decode("ascii")
     where = Path(worker.run_dir) / SLOTS_PORT_FILE

@@ -2,9 +2,10 @@
 ``round_robin``, ``least_busy``, ``cache_affinity``), a conversation's home, and where a
 model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 
-from crossbar.routing.affinity import Placement
+from crossbar.routing.affinity import Conversations, Placement
 from crossbar.routing.aliases import real_model
 from crossbar.routing.allowance import LoadBudget, allows, refused_model
+from crossbar.routing.conversationtable import LIVE_SECONDS
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
 from crossbar.routing.groups import best_group, no_healthy_host, routes_down, served_model
 from crossbar.routing.placement import (
@@ -22,12 +23,14 @@ from crossbar.routing.placement import (
 from crossbar.routing.policies import Ask, CacheAffinity, Choice, Conversation, places_conversations
 from crossbar.routing.promptsize import Estimate, PromptSizes
 from crossbar.routing.rendezvous import rendezvous
+from crossbar.routing.sharedplacements import OutgoingPlacements, Placed
 
 __all__ = [
     "BUSY",
     "EVICTS",
     "FAILED",
     "FREE",
+    "LIVE_SECONDS",
     "LOADING",
     "NO_AUTOLOAD",
     "RECENT",
@@ -36,10 +39,13 @@ __all__ = [
     "CacheAffinity",
     "Choice",
     "Conversation",
+    "Conversations",
     "Estimate",
     "LoadBudget",
     "LoadCost",
     "Occupancy",
+    "OutgoingPlacements",
+    "Placed",
     "Placement",
     "PromptSizes",
     "allows",

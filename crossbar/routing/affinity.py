@@ -28,17 +28,12 @@ when that host is not in the group any more, the hash decides again. An entry ha
 fixed size (a 16-byte key, a reference to a host name of the config, a time bucket, a
 turn), so the cap on entries caps its bytes too. It is this crossbar's own.
 
-**Replicas.** Slots are decided on what this crossbar has seen, so two replicas that
-take turns of one conversation would each move it their own way and send every other
-turn to a host without its cache. A chat completion carries its turn (its ``assistant``
-messages). A conversation first seen after its first turn, or one whose turn has gone up
-by more than one since this crossbar saw it, is answered by another replica too, and
-from then on is *ranked*: all live conversations of the group, in the order of a second
-hash, each take the first host by weight that has a slot left (no ``slots``: no limit).
-That depends on the set of live conversations only, not on who came first, so replicas
-that have seen the same ones agree. While other replicas have been seen within
-:data:`LIVE_SECONDS`, new conversations are ranked from their first turn too. One
-crossbar alone never ranks: it sees every turn.
+**Replicas.** A replica sees only some turns of a conversation. With ``shared_state``
+each tells the others where it placed each turn (:mod:`~crossbar.routing.sharedplacements`),
+and all keep one table. Without, a conversation another replica answers too (it is first
+seen after its first turn, or its turn jumps) is *ranked*: all live conversations of the
+group, in the order of a second hash, each take the first host by weight that has a slot
+left, which replicas that have seen the same ones agree on (docs/design/affinity.md).
 
 Pure rules, no I/O: the time comes from the caller.
 """
@@ -59,6 +54,7 @@ from crossbar.routing.conversationtable import (
     LiveCounts,
 )
 from crossbar.routing.rendezvous import ranked_hosts, rendezvous, take_slot
+from crossbar.routing.sharedplacements import OutgoingPlacements, Placed, replaces
 
 AffinityOutcome = Literal["new", "home", "moved"]
 """``new``: a conversation this crossbar had not seen, sent to its home; ``home``: a known
@@ -166,6 +162,9 @@ class Conversations:
         """The last ranking of each group (a route's hosts, as health leaves them)."""
         self._replicas_seen = NEVER
         """The tick another replica was last seen answering turns of a conversation."""
+        self.outgoing: OutgoingPlacements | None = None
+        """While this crossbar shares its placements with others (``shared_state``), what
+        it placed since it last sent them; nothing is ranked then."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -254,7 +253,7 @@ class Conversations:
         other replicas have been seen within :data:`LIVE_SECONDS` (so that its first
         turn goes where the replica that gets its second will rank it). Seeing another
         replica's turn is noted here, as the time it was last seen."""
-        if turn is None or not self.slots:
+        if turn is None or not self.slots or self.outgoing is not None:
             return False
         if entry is not None and entry.ranked:
             return True
@@ -322,7 +321,25 @@ class Conversations:
     ) -> None:
         """The conversation's latest turn (``turn``, if known) went to ``host`` at ``now``;
         ``ranked``: it is ranked from now on."""
-        tick = self._now(now)
+        self._put(key, host, self._now(now), turn, ranked)
+        if self.outgoing is not None:
+            self.outgoing.add(key, host, turn)
+
+    def heard(self, placed: Sequence[Placed], now: float) -> None:
+        """Placements another crossbar made, each taken where it is newer than this one's
+        entry (:func:`~crossbar.routing.sharedplacements.replaces`); the oldest first."""
+        latest = self._now(now)
+        for one in sorted(placed, key=lambda p: -p.age):
+            tick = min(latest, int((now - max(0.0, one.age)) // BUCKET_SECONDS))
+            if tick <= latest - BUCKETS:
+                continue  # no longer live: nothing to learn
+            entry = self._entries.get(one.key)
+            if entry is None or replaces(one, tick, entry.turn, entry.host, entry.tick):
+                self._put(one.key, one.host, tick, one.turn if one.turn >= 0 else None)
+
+    def _put(
+        self, key: bytes, host: str, tick: int, turn: int | None, ranked: bool = False
+    ) -> None:
         entries = self._entries
         entry = entries.get(key)
         if entry is None:

@@ -7,6 +7,7 @@ share a Redis store's."""
 from crossbar.sharing.ledger import LEASE, SlotLedger
 from crossbar.sharing.links import joining, keeping
 from crossbar.sharing.member import Member
+from crossbar.sharing.placesync import PlacementSync
 from crossbar.sharing.storelink import storing
 
-__all__ = ["LEASE", "Member", "SlotLedger", "joining", "keeping", "storing"]
+__all__ = ["LEASE", "Member", "PlacementSync", "SlotLedger", "joining", "keeping", "storing"]

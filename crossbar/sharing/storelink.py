@@ -29,6 +29,7 @@ from crossbar.config import SharedState
 from crossbar.sharing.ledger import Holding, SlotKey
 from crossbar.sharing.links import RETRY, QuietClientService
 from crossbar.sharing.member import Member
+from crossbar.sharing.placesync import PlacementSync
 from crossbar.sharing.store import (
     Stored,
     StoreLedger,
@@ -36,6 +37,7 @@ from crossbar.sharing.store import (
     load_slot,
     offers_channel,
 )
+from crossbar.sharing.storeplacements import placed_channel
 
 log = Logger()
 
@@ -50,8 +52,12 @@ free at most a lease and a beat after its last word."""
 class StoreLink:
     """A member's way to the store: the :class:`~crossbar.sharing.member.Uplink` while up."""
 
-    def __init__(self, member: Member, reactor: Any) -> None:
+    def __init__(
+        self, member: Member, reactor: Any, placements: PlacementSync | None = None
+    ) -> None:
         self.member, self.reactor = member, reactor
+        self.placements = placements
+        """Conversations' placements, shared while the link is up (``cache_affinity``)."""
         self.ledger: StoreLedger | None = None
         """The ledger over the command connection, while it is open."""
         self.commands: txredisapi.RedisProtocol | None = None
@@ -75,6 +81,8 @@ class StoreLink:
     def subscribing(self, subscription: txredisapi.SubscriberProtocol) -> None:
         self.subscription = subscription
         channels = [changes_channel(), offers_channel(self.name)]
+        if self.placements is not None:
+            channels.append(placed_channel())
         subscription.subscribe(channels).addCallbacks(self._subscribed, self._failed)
 
     def _subscribed(self, _: object) -> None:
@@ -86,6 +94,8 @@ class StoreLink:
             return
         self.member.joined(self)
         self._read()
+        if self.placements is not None and self.commands is not None:
+            self.placements.start(self.commands, self._failed)
         if not self._beat.running:
             self._beat.start(BEAT, now=False)
 
@@ -102,6 +112,8 @@ class StoreLink:
     def _down(self, why: str) -> None:
         if self._beat.running:
             self._beat.stop()
+        if self.placements is not None:
+            self.placements.stop()
         if self.member.uplink is self:
             self.member.lost(why)
 
@@ -133,6 +145,8 @@ class StoreLink:
                 self._read()
         elif channel == offers_channel(self.name):
             self._offered(message)
+        elif channel == placed_channel() and message != self.name and self.placements:
+            self.placements.read()
 
     def _offered(self, message: str) -> None:
         """An offer: the ledger is read first (so that the offered slot is free in this
@@ -183,6 +197,8 @@ class StoreLink:
         if not known and self.member.uplink is self:  # dropped (a lease ran out, or a new store)
             self.member.joined(self)
         self._read()
+        if self.placements is not None:
+            self.placements.read()
 
     def leave(self) -> Deferred[Any] | None:
         """On stopping: what this member holds is free at once, not after a lease."""
@@ -257,9 +273,12 @@ class _Storing(MultiService):
         return left.addBoth(lambda _: stopping())
 
 
-def storing(reactor: Any, member: Member, state: SharedState) -> MultiService:
-    """A replica's service: its member joined to the store, as long as the store answers."""
-    link = StoreLink(member, reactor)
+def storing(
+    reactor: Any, member: Member, state: SharedState, placements: PlacementSync | None = None
+) -> MultiService:
+    """A replica's service: its member joined to the store, as long as the store answers,
+    and its conversations' ``placements`` shared there."""
+    link = StoreLink(member, reactor, placements)
     service = _Storing(link)
     endpoint = HostnameEndpoint(reactor, state.host, state.port, timeout=REPLY_TIMEOUT * 5)
     for subscribe in (False, True):

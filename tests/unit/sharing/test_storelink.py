@@ -19,6 +19,7 @@ from crossbar.sharing.ledger import Holding
 from crossbar.sharing.member import Member
 from crossbar.sharing.store import changes_channel, dump_stored, offers_channel
 from crossbar.sharing.storelink import BEAT, StoreLink
+from crossbar.sharing.storeplacements import placed_channel
 from crossbar.testing import LogCapture
 from tests.support.sharing import StubWaits
 
@@ -172,3 +173,51 @@ def test_stopping_leaves_the_store_at_once() -> None:
     beats = store.ops().count("beat")
     clock.advance(BEAT * 3)
     assert store.ops().count("beat") == beats  # no more heartbeats
+
+
+# -- conversations' placements (cache_affinity) ----------------------------------------------
+
+
+class Placements:
+    """A :class:`~crossbar.sharing.placesync.PlacementSync` double: what the link asks."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def start(self, commands: object, failed: object) -> None:
+        self.asked.append("start")
+
+    def stop(self) -> None:
+        self.asked.append("stop")
+
+    def read(self) -> None:
+        self.asked.append("read")
+
+
+def placing() -> tuple[StoreLink, Subscription, Clock, Placements]:
+    link, store, _, clock, _ = joined()
+    placements = Placements()
+    link = StoreLink(link.member, clock, cast(Any, placements))
+    link.member.uplink = None
+    subscription = Subscription()
+    link.opened(cast(Any, store))
+    link.subscribing(cast(Any, subscription))
+    return link, subscription, clock, placements
+
+
+def test_a_replica_shares_placements_while_it_is_joined() -> None:
+    link, subscription, _, placements = placing()
+    assert subscription.channels[-1] == placed_channel()
+    assert placements.asked == ["start"]
+    link.closed(subscription)
+    assert placements.asked == ["start", "stop"]  # places alone meanwhile
+
+
+def test_another_replica_s_placements_are_read_its_own_are_not() -> None:
+    link, _, clock, placements = placing()
+    link.heard(placed_channel(), "r1")
+    assert placements.asked == ["start"]
+    link.heard(placed_channel(), "r2")
+    assert placements.asked == ["start", "read"]
+    clock.advance(BEAT)  # and at each beat, in case a message was lost
+    assert placements.asked == ["start", "read", "read"]

@@ -1,0 +1,71 @@
+"""Conversations' placements shared between crossbar processes (``shared_state``): the
+ones this process made, waiting to be sent, and the ones another process made, as heard.
+
+``cache_affinity`` remembers where each conversation's last turn went. Replicas that take
+turns of the same conversations agree on their hosts when each tells the others where it
+placed a turn: the other replica then finds the conversation in its own table at the next
+turn, and sends it where its cache is. Pure rules, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+MOST_WAITING = 4096
+"""Placements waiting to be sent at most (a store that is down lets them pile up): the
+oldest is dropped first. A lab's live conversations are far fewer."""
+
+
+@attrs.frozen
+class Placed:
+    """One conversation's last turn went to ``host``."""
+
+    key: bytes
+    host: str
+    turn: int
+    """The turn (the answers already in the conversation); -1 when the API tells none."""
+    age: float = 0.0
+    """Seconds since it was placed (heard: by the store's clock)."""
+
+
+class OutgoingPlacements:
+    """This process's placements not yet sent: the latest of each conversation, oldest
+    first. ``ready`` is called when the first one comes in after a :meth:`take`."""
+
+    def __init__(self, ready: Callable[[], None] | None = None, most: int = MOST_WAITING) -> None:
+        self.ready = ready
+        self.most = most
+        self._waiting: dict[bytes, Placed] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, key: bytes, host: str, turn: int | None) -> None:
+        """The conversation ``key``'s turn ``turn`` (``None``: not told) went to ``host``."""
+        waiting = self._waiting
+        first = not waiting
+        waiting.pop(key, None)  # the latest goes last
+        if len(waiting) >= self.most:
+            del waiting[next(iter(waiting))]
+        waiting[key] = Placed(key, host, -1 if turn is None else turn)
+        if first and self.ready is not None:
+            self.ready()
+
+    def take(self, most: int) -> list[Placed]:
+        """Up to ``most`` placements, oldest first, no longer waiting."""
+        waiting = self._waiting
+        taken = [waiting[key] for key in list(waiting)[:most]]
+        for placed in taken:
+            del waiting[placed.key]
+        return taken
+
+
+def replaces(placed: Placed, tick: int, turn: int, host: str, entry_tick: int) -> bool:
+    """Whether a heard placement (its time bucket ``tick``) replaces a conversation's entry
+    (at ``turn`` on ``host``, last placed in bucket ``entry_tick``): it is of a later turn,
+    or of the same turn (an API that tells none: -1) on another host, a bucket later."""
+    if placed.turn != turn:
+        return placed.turn > turn
+    return placed.host != host and tick > entry_tick

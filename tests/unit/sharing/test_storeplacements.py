@@ -1,0 +1,79 @@
+"""crossbar.sharing.storeplacements: what a replica sends the store of its placements, and
+what it takes from the store's answer, checked as hostile. The script itself runs against a
+real redis-server in ``tests/system/test_placescript.py``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred, succeed
+
+from crossbar.routing.sharedplacements import Placed
+from crossbar.sharing.placescript import PLACES_SCRIPT
+from crossbar.sharing.storeplacements import (
+    StorePlacements,
+    load_heard,
+    placed_channel,
+)
+
+KEY = bytes(range(16))
+
+
+def knows(host: str) -> bool:
+    return host in ("gpu-a", "gpu-b")
+
+
+class Commands:
+    def __init__(self, answer: object = 0) -> None:
+        self.answer = answer
+        self.calls: list[tuple[Sequence[str], list[Any]]] = []
+
+    def eval(
+        self, script: str, keys: Sequence[str] = (), args: Sequence[Any] = ()
+    ) -> Deferred[Any]:
+        assert script == PLACES_SCRIPT
+        self.calls.append((keys, list(args)))
+        return succeed(self.answer)
+
+
+def test_a_put_sends_each_conversation_s_key_in_hex_with_its_host_and_turn() -> None:
+    commands = Commands()
+    StorePlacements(commands, most=2).put(
+        "r1", [Placed(KEY, "gpu-a", 3), Placed(KEY, "gpu-b", -1), Placed(KEY, "x", 0)]
+    )
+    ((keys, args),) = commands.calls
+    assert keys == ["crossbar:placements", "crossbar:placement-order", "crossbar:placement-ids"]
+    assert args[:5] == ["put", "crossbar:", 300_000, 2, "r1"]
+    assert json.loads(args[5]) == [[KEY.hex(), "gpu-a", 3], [KEY.hex(), "gpu-b", -1]]  # 2 at most
+    assert placed_channel() == "crossbar:placed"
+
+
+def test_a_read_gives_each_placement_its_age_by_the_store_s_clock() -> None:
+    answer = ["12", "100000", [KEY.hex(), '["gpu-a",2,97500]', KEY.hex(), '["gpu-b",-1,100100]']]
+    heard = StorePlacements(Commands(answer)).since(5, knows)
+    got: list[Any] = []
+    heard.addCallback(got.append)
+    assert got[0].seq == 12
+    assert got[0].placed == (Placed(KEY, "gpu-a", 2, 2.5), Placed(KEY, "gpu-b", -1, 0.0))
+
+
+def test_what_is_malformed_or_unknown_is_left_out() -> None:
+    good = [KEY.hex(), '["gpu-a",0,1000]']
+    bad = [
+        "zz" * 16, '["gpu-a",0,1000]',  # not hex
+        "ab" * 15, '["gpu-a",0,1000]',  # too short
+        KEY.hex(), '["elsewhere",0,1000]',  # a host this config does not know
+        KEY.hex(), '["gpu-a",-2,1000]',  # no such turn
+        KEY.hex(), '["gpu-a",true,1000]',
+        KEY.hex(), '["gpu-a",0,1.5]',
+        KEY.hex(), '["gpu-a",0]',
+        KEY.hex(), "[" * 3000,
+        KEY.hex(), 7,
+    ]  # fmt: skip
+    heard = load_heard(["3", "2000", bad + good], knows)
+    assert heard.placed == (Placed(KEY, "gpu-a", 0, 1.0),)
+    for answer in (None, "x", [], ["1", "2"], ["x", "1", []], ["1", "2", "x"], ["-1", "2", []]):
+        assert load_heard(answer, knows) == load_heard(None, knows)
+        assert load_heard(answer, knows).placed == ()
