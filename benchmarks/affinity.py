@@ -58,6 +58,7 @@ from benchmarks.affinity_fleet import (  # noqa: E402
     ROUTE,
     SAVES,
     STORE,
+    WORKERS,
     fleet,
     llama_server_binary,
     post,
@@ -317,6 +318,7 @@ def main() -> None:
     add("--no-host-slots", action="store_true", help="leave slots: out of crossbar's config")
     add("--no-replicas", action="store_true", help="skip the two-replica cache_affinity run")
     add("--store", action="store_true", help="add a two-replica run sharing a redis-server")
+    add("--workers", action="store_true", help="add a run of one crossbar with two workers")
     add("--llama-server", help="the binary (default: $CROSSBAR_LLAMA_SERVER or the script's)")
     add("--stagger", type=float, default=0.0, help="seconds between agents' starts (0: at once)")
     add("--saves", action="store_true",
@@ -339,6 +341,8 @@ def main() -> None:
         plan.append((REPLICAS, 2))
     if args.store:
         plan.append((SHARED, 2))
+    if args.workers:
+        plan.append(("cache_affinity" + WORKERS, 1))
     names = [f"gpu-{i + 1}" for i in range(args.hosts)]
     runs, raw = [], {}
     for name, replicas in plan:

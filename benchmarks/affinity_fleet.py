@@ -23,6 +23,9 @@ ROUTE = "bench"
 STORE = ", shared store"
 """A run named so has its crossbar replicas share one count of the slots (a fresh
 redis-server, ``shared_state``)."""
+WORKERS = ", 2 workers"
+"""A run named so has one crossbar of two workers (``workers: 2``): each new connection
+goes to either."""
 SAVES = "+saves"
 """A run named so has its hosts started with ``--slot-save-path``: crossbar keeps the shared
 prefix saved on each and restores it before each new conversation."""
@@ -87,10 +90,15 @@ def start_host(
 
 
 def crossbar_yaml(
-    policy: str, hosts: Sequence[Daemon], slots: int | None, store: str | None = None
+    policy: str,
+    hosts: Sequence[Daemon],
+    slots: int | None,
+    store: str | None = None,
+    workers: int = 1,
 ) -> str:
     names = [f"gpu-{i + 1}" for i in range(len(hosts))]
-    lines = ["poll_interval: 250ms", *([f"shared_state: {store}"] if store else []), "hosts:"]
+    lines = ["poll_interval: 250ms", *([f"shared_state: {store}"] if store else [])]
+    lines += [f"workers: {workers}"] * (workers > 1) + ["hosts:"]
     for name, host in zip(names, hosts, strict=True):
         lines += [f"  {name}:", f"    url: {host.url}"] + [f"    slots: {slots}"] * bool(slots)
     lines += [
@@ -103,8 +111,18 @@ def crossbar_yaml(
     return "\n".join(lines) + "\n"
 
 
-def fleet_ready(proxy: Daemon, count: int) -> bool:
-    """True once crossbar has seen every host healthy with the model loaded."""
+def fleet_ready(proxy: Daemon, count: int, workers: int = 1) -> bool:
+    """True once crossbar has seen every host healthy with the model loaded (and, with
+    workers, every worker shares the slot count)."""
+    if workers > 1:
+        try:
+            with urllib.request.urlopen(f"{proxy.url}/_crossbar/metrics", timeout=2) as answer:
+                metrics = answer.read().decode()
+        except OSError:
+            return False
+        up = [f'crossbar_shared_count_up{{worker="{n}"}} 1.0' for n in range(workers)]
+        if not all(line in metrics for line in up):
+            return False
     status = get_json(f"{proxy.url}/_crossbar/status")
     hosts = (status or {}).get("hosts", {})
     return len(hosts) == count and all(
@@ -130,13 +148,15 @@ def fleet(
             redis = RedisServer(redis_binary(), workdir)
             redis.start()
         store = None if redis is None else redis.url
-        config = crossbar_yaml(policy.split(",")[0].removesuffix(SAVES), hosts, slots, store)
+        workers = 2 if policy.endswith(WORKERS) else 1
+        name = policy.split(",")[0].removesuffix(SAVES)
+        config = crossbar_yaml(name, hosts, slots, store, workers)
         for i in range(replicas):
             folder = workdir / f"crossbar-{i + 1}"
             folder.mkdir()
             proxy = start_daemon(folder, config)
             proxies.append(proxy)
-            if not proxy.wait(lambda p=proxy: fleet_ready(p, len(hosts)), 30):
+            if not proxy.wait(lambda p=proxy: fleet_ready(p, len(hosts), workers), 30):
                 raise SystemExit(f"affinity.py: crossbar never saw every host up:\n{proxy.log()}")
         yield hosts, proxies
     finally:

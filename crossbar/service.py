@@ -94,7 +94,7 @@ class Crossbar(MultiService):
         access = AccessLog(self.table.knows, text=config.log_format == "text")
         observers = (self.metrics, self.recent, self.hourly, access)
         self._observer = Observers(*observers, *([self.usage] if self.usage else []))
-        self.share = _share(config, worker, self.traffic, reactor)
+        self.share = _share(config, worker, self.traffic, self.table, reactor)
         self.waits = Waits(self.traffic, self.table, reactor, self.share)
         self.prefix_saves = PrefixSaves(self._prefix_files)
         self.prefix_counts = PrefixCounts()
@@ -113,8 +113,7 @@ class Crossbar(MultiService):
         if self.share is not None:
             self.share.waits = self.waits
             self.metrics.registry.register(self.share)
-            placements = _placements(config, self.share, self.traffic, self.table, reactor)
-            _sharing(config, worker, self.share, reactor, placements).setServiceParent(self)
+            _sharing(config, worker, self.share, reactor).setServiceParent(self)
         if shared:
             self.listener.listening.addCallback(self._accept_once_polled)
         if worker is None or worker.index == 0:
@@ -300,45 +299,33 @@ def _private(worker: WorkerInfo) -> Private:
 
 
 def _share(
-    config: Config, worker: WorkerInfo | None, traffic: Traffic, reactor: Any
+    config: Config, worker: WorkerInfo | None, traffic: Traffic, table: HealthTable, reactor: Any
 ) -> Member | None:
-    """With a shared store or workers, this process's part in the fleet's one count of slots."""
+    """With a shared store or workers, this process's part in the fleet's one count of
+    slots, and in ``cache_affinity``'s placements."""
+    affinity = traffic.policies.named(CacheAffinity.name)
+    assert isinstance(affinity, CacheAffinity)
+    placements = PlacementSync(
+        affinity.conversations, reactor, lambda host: table.get(host) is not None
+    )
     if config.shared_state is not None:
         index = "" if worker is None else f" worker {worker.index}"
         name = f"{gethostname()} pid {os.getpid()}{index}"
-        member = Member(name, traffic, reactor, keeper=f"the store {config.shared_state.shown}")
+        keeper = f"the store {config.shared_state.shown}"
+        member = Member(name, traffic, reactor, keeper, placements)
     elif worker is not None and worker.count > 1:
-        member = Member(f"worker {worker.index}", traffic, reactor)
+        member = Member(f"worker {worker.index}", traffic, reactor, placements=placements)
     else:
         return None
     traffic.changed = member.changed
     return member
 
 
-def _placements(
-    config: Config, member: Member, traffic: Traffic, table: HealthTable, reactor: Any
-) -> PlacementSync | None:
-    """With a store, ``cache_affinity``'s placements shared through it."""
-    if config.shared_state is None:
-        return None
-    affinity = traffic.policies.named(CacheAffinity.name)
-    assert isinstance(affinity, CacheAffinity)
-    return PlacementSync(
-        member.name, affinity.conversations, reactor, lambda host: table.get(host) is not None
-    )
-
-
-def _sharing(
-    config: Config,
-    worker: WorkerInfo | None,
-    member: Member,
-    reactor: Any,
-    placements: PlacementSync | None = None,
-) -> Service:
+def _sharing(config: Config, worker: WorkerInfo | None, member: Member, reactor: Any) -> Service:
     """With a store, every process joins it; else worker 0 keeps the count (on a loopback
     port, for the others) and the others join it."""
     if config.shared_state is not None:
-        return storing(reactor, member, config.shared_state, placements)
+        return storing(reactor, member, config.shared_state)
     assert worker is not None
     secret = peer_secret(worker).value.decode("ascii")
     where = Path(worker.run_dir) / SLOTS_PORT_FILE

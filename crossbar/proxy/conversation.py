@@ -57,11 +57,11 @@ from typing import Any
 
 import msgspec
 
+from crossbar.routing.conversationtable import KEY_BYTES
 from crossbar.routing.policies import Conversation
 
 PROMPT_BYTES = 4096
 """How much of a completion's prompt identifies its conversation."""
-KEY_BYTES = 16
 MAX_OBJECTS = 200_000
 """At most this many ``{`` in a body's messages (every message is one; code in a content
 has some too): a 16 MiB list of ``{}`` would otherwise be built as millions of messages."""

@@ -5,7 +5,7 @@ model is loaded, and which hosts a request fits. Pure rules, no I/O."""
 from crossbar.routing.affinity import Conversations, Placement
 from crossbar.routing.aliases import real_model
 from crossbar.routing.allowance import LoadBudget, allows, refused_model
-from crossbar.routing.conversationtable import LIVE_SECONDS
+from crossbar.routing.conversationtable import KEY_BYTES, LIVE_SECONDS
 from crossbar.routing.fit import REPLY_MARGIN, fits_nowhere, largest_window, too_small
 from crossbar.routing.groups import best_group, no_healthy_host, routes_down, served_model
 from crossbar.routing.placement import (
@@ -23,13 +23,14 @@ from crossbar.routing.placement import (
 from crossbar.routing.policies import Ask, CacheAffinity, Choice, Conversation, places_conversations
 from crossbar.routing.promptsize import Estimate, PromptSizes
 from crossbar.routing.rendezvous import rendezvous
-from crossbar.routing.sharedplacements import OutgoingPlacements, Placed
+from crossbar.routing.sharedplacements import OutgoingPlacements, Placed, read_placed
 
 __all__ = [
     "BUSY",
     "EVICTS",
     "FAILED",
     "FREE",
+    "KEY_BYTES",
     "LIVE_SECONDS",
     "LOADING",
     "NO_AUTOLOAD",
@@ -54,6 +55,7 @@ __all__ = [
     "largest_window",
     "no_healthy_host",
     "places_conversations",
+    "read_placed",
     "real_model",
     "refused_model",
     "rendezvous",

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
+KEY_BYTES = 16
+"""Bytes of a conversation's key (a BLAKE2b digest of what the request carries)."""
 LIVE_SECONDS = 300
 """A conversation whose last turn is older than this no longer counts against its
 host's slots: an agent that has been quiet for 5 minutes has most likely finished, and

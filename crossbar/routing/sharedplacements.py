@@ -9,10 +9,15 @@ turn, and sends it where its cache is. Pure rules, no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import attrs
 
+from crossbar.routing.conversationtable import KEY_BYTES
+
+MOST_TURN = 1 << 20
+"""A turn beyond this (a million answers in one conversation) is not one."""
 MOST_WAITING = 4096
 """Placements waiting to be sent at most (a store that is down lets them pile up): the
 oldest is dropped first. A lab's live conversations are far fewer."""
@@ -69,3 +74,21 @@ def replaces(placed: Placed, tick: int, turn: int, host: str, entry_tick: int) -
     if placed.turn != turn:
         return placed.turn > turn
     return placed.host != host and tick > entry_tick
+
+
+def read_placed(key: object, host: object, turn: object, age: object) -> Placed | None:
+    """A placement another process sent (the key in hex); ``None`` when any part is not
+    one: the sender is not trusted."""
+    if not (isinstance(key, str) and len(key) == 2 * KEY_BYTES):
+        return None
+    if not (isinstance(host, str) and 0 < len(host) <= 1024):
+        return None
+    if not (type(turn) is int and -1 <= turn <= MOST_TURN):
+        return None
+    if not (type(age) in (int, float) and math.isfinite(age)):  # type: ignore[arg-type]
+        return None
+    try:
+        digest = bytes.fromhex(key)
+    except ValueError:
+        return None
+    return Placed(digest, host, turn, max(0.0, float(age)))  # type: ignore[arg-type]

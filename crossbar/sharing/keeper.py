@@ -10,9 +10,11 @@ worker is told is sent at most once a reactor turn, after every change of that t
 from __future__ import annotations
 
 import hmac
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
+import attrs
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
@@ -20,11 +22,14 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from crossbar.routing import LIVE_SECONDS, Placed
 from crossbar.sharing import wire
 from crossbar.sharing.ledger import HEARTBEAT, Holding, SlotKey, SlotLedger, View
 
 log = Logger()
 
+MOST_KEPT = 4096
+"""Conversations' placements worker 0 keeps for workers that join later, at most."""
 OFFER_TIMEOUT = 2.0
 """Seconds a worker has to answer an offer; then the slot goes to the next one waiting."""
 
@@ -38,6 +43,7 @@ class Link(Protocol):
     def others(self, view: View) -> None: ...
     def offer(self, slot: SlotKey) -> bool | Deferred[bool]: ...
     def drop(self) -> None: ...
+    def placed(self, placed: Sequence[Placed]) -> None: ...
 
 
 class Keeper:
@@ -51,6 +57,9 @@ class Keeper:
         """Each member's last gift (:meth:`give`): what it is told it counts as held."""
         self.told: dict[str, View] = {}
         """What each member was last told."""
+        self.placements: OrderedDict[bytes, tuple[Placed, float]] = OrderedDict()
+        """The latest placement of each conversation (at most :data:`MOST_KEPT`), with
+        when it came: a worker that joins later is told the live ones."""
         self._due: IDelayedCall | None = None
         self._expiry = LoopingCall(self._expire)
         self._expiry.clock = clock
@@ -75,6 +84,35 @@ class Keeper:
         self.ledger.join(name, self.clock.seconds())
         self.links[name] = link
         self._changed()
+        if self.placements:  # told after its join is answered
+            self.clock.callLater(0, self._tell_placed, name, link)
+
+    def _tell_placed(self, name: str, link: Link) -> None:
+        """A member that joined is told the live placements the others made."""
+        if self.links.get(name) is not link:
+            return
+        now = self.clock.seconds()
+        live = [
+            attrs.evolve(one, age=now - when)
+            for one, when in self.placements.values()
+            if now - when < LIVE_SECONDS
+        ]
+        if live:
+            link.placed(live)
+
+    def place(self, name: str, placed: Sequence[Placed]) -> None:
+        """Member ``name`` placed these: every other member is told."""
+        if name not in self.links:
+            return
+        now, kept = self.clock.seconds(), self.placements
+        for one in placed:
+            kept.pop(one.key, None)
+            kept[one.key] = (one, now)
+        while len(kept) > MOST_KEPT:
+            kept.popitem(last=False)
+        for other, link in self.links.items():
+            if other != name:
+                link.placed(placed)
 
     def leave(self, name: str, link: Link) -> None:
         """Member ``name`` left (its connection closed): what it held is free at once."""
@@ -192,6 +230,12 @@ class KeeperProtocol(wire.CountConnection):
             self.keeper.give(self.name, key, wire.load_pools(pools), gift)
         return {}
 
+    @wire.Place.responder
+    def placing(self, placed: str) -> dict[str, Any]:
+        if self.name is not None:
+            self.keeper.place(self.name, wire.load_placed(placed))
+        return {}
+
     @wire.Beat.responder
     def beaten(self) -> dict[str, Any]:
         if self.name is not None:
@@ -207,6 +251,9 @@ class KeeperProtocol(wire.CountConnection):
 
     def drop(self) -> None:
         abort(self.transport)
+
+    def placed(self, placed: Sequence[Placed]) -> None:
+        wire.send_placed(self, placed)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         super().connectionLost(reason)

@@ -19,6 +19,7 @@ from twisted.logger import Logger, LogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from crossbar.routing import Placed
 from crossbar.sharing import wire
 from crossbar.sharing.keeper import Keeper, KeeperFactory, abort
 from crossbar.sharing.ledger import HEARTBEAT, LEASE, Holding, SlotKey, View
@@ -53,12 +54,19 @@ class LocalLink:
     def drop(self) -> None:
         pass  # in this process: never dropped
 
+    def placed(self, placed: Sequence[Placed]) -> None:
+        if self.member.placements is not None:
+            self.member.placements.heard(placed)
+
     # the member's side: reaching the keeper
     def report(self, report: Holding) -> None:
         self.keeper.report(self.member.name, report)
 
     def give(self, slot: SlotKey, pools: Sequence[Hashable], gift: int) -> None:
         self.keeper.give(self.member.name, slot, pools, gift)
+
+    def place(self, placed: Sequence[Placed]) -> None:
+        self.keeper.place(self.member.name, placed)
 
 
 class MemberProtocol(wire.CountConnection):
@@ -101,12 +109,21 @@ class MemberProtocol(wire.CountConnection):
         key = wire.load_slot(slot)
         return {"took": key is not None and self.member.offer(key)}
 
+    @wire.Place.responder
+    def heard(self, placed: str) -> dict[str, Any]:
+        if self.member.placements is not None and self.member.uplink is self:
+            self.member.placements.heard(wire.load_placed(placed))
+        return {}
+
     def report(self, report: Holding) -> None:
         self.callRemote(wire.Report, **wire.dump_report(report))
 
     def give(self, slot: SlotKey, pools: Sequence[Hashable], gift: int) -> None:
         gave = {"slot": wire.dump_slot(*slot), "pools": wire.dump_pools(list(pools))}
         self.callRemote(wire.Give, gift=gift, **gave)
+
+    def place(self, placed: Sequence[Placed]) -> None:
+        wire.send_placed(self, placed)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         super().connectionLost(reason)

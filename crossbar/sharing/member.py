@@ -17,27 +17,37 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from crossbar.queueing import Head, Traffic, Waits
+from crossbar.routing import Placed
 from crossbar.sharing.ledger import Holding, Order, SlotKey, View
+from crossbar.sharing.placesync import PlacementSync
 
 log = Logger()
 
 
 class Uplink(Protocol):
-    """How a member reaches worker 0."""
+    """How a member reaches worker 0 (or the shared store)."""
 
     def report(self, report: Holding) -> None: ...
     def give(self, slot: SlotKey, pools: Sequence[Hashable], gift: int) -> None: ...
+    def place(self, placed: Sequence[Placed]) -> None: ...
 
 
 class Member:
     """One worker's view of the others: a :class:`~crossbar.queueing.SlotShare`."""
 
     def __init__(
-        self, name: str, traffic: Traffic, clock: IReactorTime, keeper: str = "worker 0"
+        self,
+        name: str,
+        traffic: Traffic,
+        clock: IReactorTime,
+        keeper: str = "worker 0",
+        placements: PlacementSync | None = None,
     ) -> None:
         self.name, self.traffic, self.clock = name, traffic, clock
         self.keeper = keeper
         """Who keeps the count, as the log names it: worker 0, or the shared store."""
+        self.placements = placements
+        """``cache_affinity``'s placements, shared with the others while joined."""
         self.waits: Waits | None = None
         """Set once built (the queue is given this member when it is made)."""
         self.uplink: Uplink | None = None
@@ -152,6 +162,8 @@ class Member:
             log.info("{name}: the shared slot count is back", name=self.name)
             self._lost_said = False
         self.flush()
+        if self.placements is not None:
+            self.placements.start(uplink.place)
 
     def lost(self, why: str) -> None:
         """Worker 0 is not heard: count this worker's requests only, until it is back."""
@@ -161,6 +173,8 @@ class Member:
         if self._due is not None and self._due.active():
             self._due.cancel()
         self._due = None
+        if self.placements is not None:
+            self.placements.stop()
         if not self._lost_said:
             log.warn(
                 "{name}: the shared slot count ({keeper}) is lost ({why}): counting this "

@@ -1,92 +1,73 @@
-"""A replica's conversations kept in step with the others' through the shared store
-(``shared_state``), while its link to the store is up.
+"""A process's ``cache_affinity`` placements kept in step with the other processes' (its
+workers', through worker 0, or its replicas', through the shared store), while it is
+joined to them.
 
-Each placement ``cache_affinity`` makes here is sent at the end of the reactor's turn (with
-the others of that turn, in one call); the store publishes who put, and every other replica
-reads what is new since its last read, also at each heartbeat in case a message was lost.
-So a conversation's next turn, which comes after its answer, finds its host in any
-replica's table. While the store is down each replica places on its own again (and ranks
-the conversations it sees others answer), as without a store.
+Each placement made here is sent at the end of the reactor's turn, with the others of that
+turn in one message; what the others placed is taken into this process's table of
+conversations. So a conversation's next turn, which comes after its answer, finds its host
+in whichever process gets it. While the link is down, each process places on its own again
+(and ranks the conversations it sees others answer), as without sharing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.python.failure import Failure
 
-from crossbar.routing import Conversations, OutgoingPlacements
-from crossbar.sharing.store import Commands
-from crossbar.sharing.storeplacements import MOST_PLACEMENTS, Heard, StorePlacements
+from crossbar.routing import Conversations, OutgoingPlacements, Placed
+
+MOST_SENT = 4096
+"""Placements sent in one message at most; more wait for the next turn of the reactor."""
 
 
 class PlacementSync:
-    """Sends this replica's placements to the store, and reads the others'."""
+    """Sends this process's placements, and takes the others'."""
 
     def __init__(
-        self,
-        name: str,
-        conversations: Conversations,
-        clock: IReactorTime,
-        knows: Callable[[str], bool],
+        self, conversations: Conversations, clock: IReactorTime, knows: Callable[[str], bool]
     ) -> None:
-        self.name, self.conversations, self.clock, self.knows = name, conversations, clock, knows
-        self.store: StorePlacements | None = None
-        self.failed: Callable[[Failure], None] = lambda _: None
-        self._seq = 0
+        self.conversations, self.clock, self.knows = conversations, clock, knows
+        """``knows``: whether a host name is one of this process's config (others are
+        left out: the table keeps config's hosts only)."""
+        self._send: Callable[[Sequence[Placed]], None] | None = None
         self._due: IDelayedCall | None = None
-        self._reading, self._again = False, False
 
-    def start(self, commands: Commands, failed: Callable[[Failure], None]) -> None:
-        """The store is reached through ``commands``; a call that fails goes to ``failed``."""
-        self.store, self.failed, self._seq = StorePlacements(commands), failed, 0
-        self.conversations.outgoing = OutgoingPlacements(self._soon)
-        self.read()
+    @property
+    def sharing(self) -> bool:
+        return self._send is not None
+
+    def start(self, send: Callable[[Sequence[Placed]], None]) -> None:
+        """Joined: placements go out through ``send`` from now on."""
+        self._send = send
+        if self.conversations.outgoing is None:
+            self.conversations.outgoing = OutgoingPlacements(self._soon)
 
     def stop(self) -> None:
-        """The store is lost: this replica places on its own until it is back."""
-        self.store = None
+        """The link is lost: this process places on its own until it is back."""
+        self._send = None
         self.conversations.outgoing = None
         if self._due is not None and self._due.active():
             self._due.cancel()
         self._due = None
 
+    def heard(self, placed: Sequence[Placed]) -> None:
+        """What other processes placed (the hosts this config does not know left out)."""
+        if self._send is not None:
+            known = [one for one in placed if self.knows(one.host)]
+            self.conversations.heard(known, self.clock.seconds())
+
     def _soon(self) -> None:
         if self._due is None:
-            self._due = self.clock.callLater(0, self._send)
+            self._due = self.clock.callLater(0, self._flush)
 
-    def _send(self) -> None:
+    def _flush(self) -> None:
         self._due = None
         outgoing = self.conversations.outgoing
-        if self.store is None or outgoing is None:
+        if self._send is None or outgoing is None:
             return
-        placed = outgoing.take(MOST_PLACEMENTS)
+        placed = outgoing.take(MOST_SENT)
         if placed:
-            self.store.put(self.name, placed).addErrback(self.failed)
+            self._send(placed)
         if len(outgoing):
             self._soon()
-
-    def read(self) -> None:
-        """Read what is new (once more after, if asked again meanwhile)."""
-        if self.store is None:
-            return
-        if self._reading:
-            self._again = True
-            return
-        self._reading = True
-        read = self.store.since(self._seq, self.knows)
-        read.addCallbacks(self._heard, self.failed).addBoth(self._read_done)
-
-    def _heard(self, heard: Heard) -> None:
-        if self.store is None:
-            return
-        self._seq = heard.seq
-        self.conversations.heard(heard.placed, self.clock.seconds())
-
-    def _read_done(self, _: Any) -> None:
-        self._reading = False
-        if self._again:
-            self._again = False
-            self.read()

@@ -26,10 +26,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from crossbar.config import SharedState
+from crossbar.routing import Placed
 from crossbar.sharing.ledger import Holding, SlotKey
 from crossbar.sharing.links import RETRY, QuietClientService
 from crossbar.sharing.member import Member
-from crossbar.sharing.placesync import PlacementSync
 from crossbar.sharing.store import (
     Stored,
     StoreLedger,
@@ -37,7 +37,7 @@ from crossbar.sharing.store import (
     load_slot,
     offers_channel,
 )
-from crossbar.sharing.storeplacements import placed_channel
+from crossbar.sharing.storeplacements import PlacementReads, StorePlacements, placed_channel
 
 log = Logger()
 
@@ -52,12 +52,12 @@ free at most a lease and a beat after its last word."""
 class StoreLink:
     """A member's way to the store: the :class:`~crossbar.sharing.member.Uplink` while up."""
 
-    def __init__(
-        self, member: Member, reactor: Any, placements: PlacementSync | None = None
-    ) -> None:
+    def __init__(self, member: Member, reactor: Any) -> None:
         self.member, self.reactor = member, reactor
-        self.placements = placements
-        """Conversations' placements, shared while the link is up (``cache_affinity``)."""
+        self.placements: StorePlacements | None = None
+        """``cache_affinity``'s placements in the store, while the command connection is
+        open (when the member shares them)."""
+        self.reads: PlacementReads | None = None
         self.ledger: StoreLedger | None = None
         """The ledger over the command connection, while it is open."""
         self.commands: txredisapi.RedisProtocol | None = None
@@ -76,12 +76,16 @@ class StoreLink:
 
     def opened(self, commands: txredisapi.RedisProtocol) -> None:
         self.commands, self.ledger = commands, StoreLedger(commands)
+        if self.member.placements is not None:
+            self.placements = StorePlacements(commands)
+            heard = self.member.placements.heard
+            self.reads = PlacementReads(self.placements, heard, self._failed)
         self._join()
 
     def subscribing(self, subscription: txredisapi.SubscriberProtocol) -> None:
         self.subscription = subscription
         channels = [changes_channel(), offers_channel(self.name)]
-        if self.placements is not None:
+        if self.member.placements is not None:
             channels.append(placed_channel())
         subscription.subscribe(channels).addCallbacks(self._subscribed, self._failed)
 
@@ -94,15 +98,16 @@ class StoreLink:
             return
         self.member.joined(self)
         self._read()
-        if self.placements is not None and self.commands is not None:
-            self.placements.start(self.commands, self._failed)
+        self._read_placements()
         if not self._beat.running:
             self._beat.start(BEAT, now=False)
 
     def closed(self, connection: object) -> None:
         """Either connection closed: the member counts its own until both are back."""
         if connection is self.commands:
-            self.commands = self.ledger = None
+            self.commands = self.ledger = self.placements = None
+            if self.reads is not None:
+                self.reads.stopped, self.reads = True, None
         elif connection is self.subscription:
             self.subscription, self.listening = None, False
         else:
@@ -112,8 +117,6 @@ class StoreLink:
     def _down(self, why: str) -> None:
         if self._beat.running:
             self._beat.stop()
-        if self.placements is not None:
-            self.placements.stop()
         if self.member.uplink is self:
             self.member.lost(why)
 
@@ -136,6 +139,10 @@ class StoreLink:
             gave = self.ledger.give(self.name, slot, pools, gift)
             gave.addCallbacks(lambda _: self._read(), self._failed)
 
+    def place(self, placed: Sequence[Placed]) -> None:
+        if self.placements is not None:
+            self.placements.put(self.name, placed).addErrback(self._failed)
+
     # -- what the store says ----------------------------------------------------------------
 
     def heard(self, channel: str, message: str) -> None:
@@ -145,8 +152,8 @@ class StoreLink:
                 self._read()
         elif channel == offers_channel(self.name):
             self._offered(message)
-        elif channel == placed_channel() and message != self.name and self.placements:
-            self.placements.read()
+        elif channel == placed_channel() and message != self.name:
+            self._read_placements()
 
     def _offered(self, message: str) -> None:
         """An offer: the ledger is read first (so that the offered slot is free in this
@@ -197,8 +204,11 @@ class StoreLink:
         if not known and self.member.uplink is self:  # dropped (a lease ran out, or a new store)
             self.member.joined(self)
         self._read()
-        if self.placements is not None:
-            self.placements.read()
+        self._read_placements()
+
+    def _read_placements(self) -> None:
+        if self.reads is not None and self.member.uplink is self:
+            self.reads.read()
 
     def leave(self) -> Deferred[Any] | None:
         """On stopping: what this member holds is free at once, not after a lease."""
@@ -273,12 +283,9 @@ class _Storing(MultiService):
         return left.addBoth(lambda _: stopping())
 
 
-def storing(
-    reactor: Any, member: Member, state: SharedState, placements: PlacementSync | None = None
-) -> MultiService:
-    """A replica's service: its member joined to the store, as long as the store answers,
-    and its conversations' ``placements`` shared there."""
-    link = StoreLink(member, reactor, placements)
+def storing(reactor: Any, member: Member, state: SharedState) -> MultiService:
+    """A replica's service: its member joined to the store, as long as the store answers."""
+    link = StoreLink(member, reactor)
     service = _Storing(link)
     endpoint = HostnameEndpoint(reactor, state.host, state.port, timeout=REPLY_TIMEOUT * 5)
     for subscribe in (False, True):

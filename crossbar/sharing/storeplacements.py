@@ -2,7 +2,8 @@
 atomic run of :data:`~crossbar.sharing.placescript.PLACES_SCRIPT`.
 
 What comes back is checked as hostile, as the ledger's is: a malformed placement is left
-out, a host name is kept only if this crossbar's config knows it.
+out (and a host this crossbar's config does not know, by
+:meth:`~crossbar.sharing.placesync.PlacementSync.heard`).
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 
-from crossbar.routing import LIVE_SECONDS, Placed
+from crossbar.routing import LIVE_SECONDS, Placed, read_placed
 from crossbar.sharing.placescript import PLACES_SCRIPT
 from crossbar.sharing.store import PREFIX, Commands
 
 MOST_PLACEMENTS = 4096
 """Placements the store keeps at most (the latest), and sent or read in one call."""
-KEY_TEXT = 32
-"""Characters of a conversation's key as the store keeps it: 16 bytes in hex."""
-MOST_TURN = 1 << 20
 
 _KEYS = ("placements", "placement-order", "placement-ids")
 
@@ -59,9 +58,46 @@ class StorePlacements:
         rows = [[p.key.hex(), p.host, p.turn] for p in placed[: self.most]]
         return self._run("put", name, json.dumps(rows, separators=(",", ":")))
 
-    def since(self, seq: int, knows: Callable[[str], bool]) -> Deferred[Heard]:
-        """The placements after sequence number ``seq``, of hosts ``knows`` accepts."""
-        return self._run("since", seq).addCallback(load_heard, knows)
+    def since(self, seq: int) -> Deferred[Heard]:
+        """The placements after sequence number ``seq``."""
+        return self._run("since", seq).addCallback(load_heard)
+
+
+class PlacementReads:
+    """Reads the store's placements from where the last read left off, one read at a
+    time (one more after it, when asked meanwhile), each into ``heard``."""
+
+    def __init__(
+        self,
+        store: StorePlacements,
+        heard: Callable[[Sequence[Placed]], None],
+        failed: Callable[[Failure], None],
+    ) -> None:
+        self.store, self.heard, self.failed = store, heard, failed
+        self._seq = 0
+        self._reading, self._again = False, False
+        self.stopped = False
+
+    def read(self) -> None:
+        if self.stopped:
+            return
+        if self._reading:
+            self._again = True
+            return
+        self._reading = True
+        read = self.store.since(self._seq)
+        read.addCallbacks(self._read, self.failed).addBoth(self._done)
+
+    def _read(self, heard: Heard) -> None:
+        if not self.stopped:
+            self._seq = heard.seq
+            self.heard(heard.placed)
+
+    def _done(self, _: object) -> None:
+        self._reading = False
+        if self._again:
+            self._again = False
+            self.read()
 
 
 def placed_channel(prefix: str = PREFIX) -> str:
@@ -69,7 +105,7 @@ def placed_channel(prefix: str = PREFIX) -> str:
     return prefix + "placed"
 
 
-def load_heard(answer: object, knows: Callable[[str], bool]) -> Heard:
+def load_heard(answer: object) -> Heard:
     """The script's answer to ``since``, each placement checked; nothing when malformed."""
     if not (isinstance(answer, list) and len(answer) == 3):
         return Heard()
@@ -79,30 +115,27 @@ def load_heard(answer: object, knows: Callable[[str], bool]) -> Heard:
     now_ms = int(now)
     placed = []
     for key, value in zip(flat[0::2], flat[1::2], strict=False):
-        one = _placed(key, value, now_ms, knows)
+        one = _placed(key, value, now_ms)
         if one is not None:
             placed.append(one)
     return Heard(int(seq), tuple(placed[:MOST_PLACEMENTS]))
 
 
-def _placed(key: object, text: object, now_ms: int, knows: Callable[[str], bool]) -> Placed | None:
-    if not (isinstance(key, str) and len(key) == KEY_TEXT and isinstance(text, str)):
-        return None
-    if len(text) > 2048:
-        return None
-    try:
-        value = json.loads(text)
-        digest = bytes.fromhex(key)
-    except (ValueError, RecursionError):
-        return None
-    if not (isinstance(value, list) and len(value) == 3):
+def _placed(key: object, text: object, now_ms: int) -> Placed | None:
+    value = _json(text)
+    if not (isinstance(value, list) and len(value) == 3 and type(value[2]) is int):
         return None
     host, turn, ms = value
-    if not (isinstance(host, str) and knows(host)):
+    return read_placed(key, host, turn, (now_ms - ms) / 1000)
+
+
+def _json(text: object) -> object:
+    if not (isinstance(text, str) and len(text) <= 2048):
         return None
-    if not (type(turn) is int and -1 <= turn <= MOST_TURN and type(ms) is int):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
         return None
-    return Placed(digest, host, turn, max(0, now_ms - ms) / 1000)
 
 
 def _digits(value: object) -> bool:

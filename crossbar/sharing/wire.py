@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from twisted.protocols import amp
 
 from crossbar.queueing import Head
+from crossbar.routing import Placed, read_placed
 from crossbar.sharing.ledger import Holding, SlotKey
 
 
@@ -81,6 +82,37 @@ class Offer(amp.Command):
 
     arguments = [(b"slot", amp.Unicode())]
     response = [(b"took", amp.Boolean())]
+
+
+class Place(amp.Command):
+    """``cache_affinity`` placed these conversations' turns: a worker tells worker 0, which
+    tells every other worker (and, as it joins, a worker that was not there)."""
+
+    arguments = [(b"placed", amp.Unicode())]
+    requiresAnswer = False
+
+
+MOST_PLACED = 500
+"""Placements in one :class:`Place` at most (an AMP value holds 64 KiB)."""
+
+
+def send_placed(connection: amp.AMP, placed: Sequence[Placed]) -> None:
+    """Placements sent as :class:`Place` commands of :data:`MOST_PLACED` each."""
+    for start in range(0, len(placed), MOST_PLACED):
+        chunk = placed[start : start + MOST_PLACED]
+        connection.callRemote(Place, placed=dump_placed(chunk))
+
+
+def dump_placed(placed: Sequence[Placed]) -> str:
+    """Placements as :class:`Place`'s argument: key in hex, host, turn, age in seconds."""
+    return json.dumps([[p.key.hex(), p.host, p.turn, round(p.age, 3)] for p in placed])
+
+
+def load_placed(text: str) -> list[Placed]:
+    """Placements as :func:`dump_placed` wrote them; malformed ones left out."""
+    items = [item for item in _list(text)[:MOST_PLACED] if isinstance(item, list)]
+    placed = [read_placed(*item) for item in items if len(item) == 4]
+    return [one for one in placed if one is not None]
 
 
 def dump_report(report: Holding) -> dict[str, str]:

@@ -85,6 +85,46 @@ def alternate(tmp_path: Path, urls: dict[str, str], store_url: str) -> dict[str,
         return {"went": went, "output": "".join(r.output() for r in replicas)}
 
 
+def workers_alternate(tmp_path: Path, urls: dict[str, str]) -> dict[str, Any]:
+    """The same through one crossbar of two workers, each turn on a new connection (which
+    the kernel gives either worker)."""
+    text = replica_config(urls, "").replace("shared_state: \n", "workers: 2\n")
+    daemon = start_daemon(tmp_path, text)
+    try:
+        wait_until(lambda: ready_workers(daemon), "both workers to share and learn the slots")
+        firsts = [f"task {n}" for n in range(CONVERSATIONS)]
+        went: list[list[str]] = [[] for _ in firsts]
+        for n in range(1, TURNS + 1):
+            for index, first in enumerate(firsts):
+                went[index].append(turn(daemon, first, n))
+        return {"went": went, "output": daemon.output()}
+    finally:
+        daemon.stop()
+
+
+def ready_workers(daemon: Daemon) -> bool:
+    metrics = fetch(daemon.url + "/_crossbar/metrics").decode()
+    if not all(f'crossbar_shared_count_up{{worker="{w}"}} 1.0' in metrics for w in "01"):
+        return False
+    hosts = json.loads(fetch(daemon.url + "/_crossbar/status"))["hosts"]
+    return all(host.get("slots") == {"tiny-a": 1} for host in hosts.values())
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_workers_keep_each_conversation_on_one_host(tmp_path: Path) -> None:
+    sims = {name: SimulatedHost({"tiny-a": "loaded"}, slots=1, chunks=4) for name in HOSTS}
+    for sim in sims.values():
+        await sim.listen(0, "127.0.0.1")
+    try:
+        urls = {name: sim.url for name, sim in sims.items()}
+        result = await deferToThread(workers_alternate, tmp_path, urls)
+    finally:
+        for sim in sims.values():
+            await sim.stop()
+    went = result["went"]
+    assert all(len(set(hosts)) == 1 for hosts in went), went
+
+
 @pytest_twisted.ensureDeferred
 async def test_two_replicas_keep_each_conversation_on_one_host(tmp_path: Path) -> None:
     """Without the shared placements, the replica that meets a conversation at its second

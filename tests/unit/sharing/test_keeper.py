@@ -14,6 +14,7 @@ from twisted.protocols import amp
 from twisted.test import iosim
 
 from crossbar.queueing import Head
+from crossbar.routing import LIVE_SECONDS, Placed
 from crossbar.sharing import wire
 from crossbar.sharing.keeper import OFFER_TIMEOUT, Keeper, KeeperFactory, KeeperProtocol, abort
 from crossbar.sharing.ledger import HEARTBEAT, LEASE, Holding, SlotKey, View
@@ -35,6 +36,7 @@ class FakeLink:
         self.offers: list[SlotKey] = []
         self.answer = answer
         self.dropped = False
+        self.heard: list[Placed] = []
 
     def others(self, view: View) -> None:
         self.told.append((dict(view.others.counts), dict(view.others.heads)))
@@ -46,6 +48,9 @@ class FakeLink:
 
     def drop(self) -> None:
         self.dropped = True
+
+    def placed(self, placed: Any) -> None:
+        self.heard.extend(placed)
 
     @property
     def counts(self) -> dict[SlotKey, int]:
@@ -403,3 +408,27 @@ def test_the_factory_builds_a_connection_with_the_runs_secret() -> None:
     built = KeeperFactory(k, SECRET).buildProtocol(None)
     assert isinstance(built, KeeperProtocol)
     assert built.keeper is k and built.name is None
+
+
+def test_a_placement_is_told_to_every_other_member_and_to_one_that_joins_while_it_is_live() -> None:
+    found, clock, links = keeper("w0", "w1", "w2")
+    a, b = Placed(bytes(16), "gpu-a", 0), Placed(bytes([1] * 16), "gpu-b", 2)
+    found.place("w1", [a])
+    assert links["w0"].heard == [a] and links["w2"].heard == [a] and links["w1"].heard == []
+    found.place("gone", [b])  # not a member: nothing
+    assert links["w0"].heard == [a]
+    clock.advance(LIVE_SECONDS - 10)
+    found.place("w2", [b])
+    clock.advance(20)  # a is no longer live, b is
+    late = FakeLink()
+    found.join("w3", late)
+    assert late.heard == []  # not before its join is answered
+    clock.advance(0)
+    assert [(p.key, p.host, p.turn, p.age) for p in late.heard] == [(b.key, "gpu-b", 2, 20.0)]
+
+
+def test_worker_0_keeps_so_many_placements_at_most(monkeypatch: Any) -> None:
+    monkeypatch.setattr("crossbar.sharing.keeper.MOST_KEPT", 3)
+    found, _, _ = keeper("w0")
+    found.place("w0", [Placed(n.to_bytes(16, "big"), "gpu-a", 0) for n in range(5)])
+    assert [int.from_bytes(k, "big") for k in found.placements] == [2, 3, 4]

@@ -14,11 +14,13 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.test import iosim
 
 from crossbar.queueing import Head, Traffic
+from crossbar.routing import Conversations
 from crossbar.sharing import joining, keeping
 from crossbar.sharing.keeper import Keeper, KeeperFactory
 from crossbar.sharing.ledger import HEARTBEAT, LEASE, Holding, View
 from crossbar.sharing.links import LocalLink, MemberProtocol, _PortFileEndpoint
 from crossbar.sharing.member import Member
+from crossbar.sharing.placesync import PlacementSync
 from crossbar.testing import LogCapture
 
 SECRET = "s3cret"
@@ -278,3 +280,38 @@ def test_a_member_protocol_passes_on_what_worker_0_says() -> None:
     protocol.told('[["gpu-a", "m", 2]]', '[[["chat", "m"], [0, 0, 1.0, "f"]]]', '[["f", 1]]', 0)
     assert w1.traffic.others == {SLOT: 2}
     assert w1.waiting()
+
+
+# -- cache_affinity's placements ---------------------------------------------------------------
+
+
+def placing(name: str, clock: Clock) -> tuple[Member, Conversations]:
+    """A worker whose member shares ``cache_affinity``'s placements."""
+    member, table = worker(name, clock), Conversations({"gpu-a": 1, "gpu-b": 1})
+    member.placements = PlacementSync(table, clock, lambda host: host.startswith("gpu-"))
+    return member, table
+
+
+def test_a_placement_in_one_worker_is_known_in_every_other_and_in_one_that_joins_later() -> None:
+    clock = Clock()
+    clock.advance(1000)
+    keeper = Keeper(clock)
+    w0, table0 = placing("w0", clock)
+    link = LocalLink(keeper, w0)
+    keeper.join("w0", link)
+    w0.joined(link)
+    w1, table1 = placing("w1", clock)
+    pump = connect(keeper, w1, clock)
+    pump.flush()
+    key = bytes(16)
+    placed = table1.place(key, ["gpu-a", "gpu-b"], {}, 1.5, clock.seconds(), turn=0)
+    assert placed is not None
+    clock.advance(0)  # worker 1 sends its turn's placements
+    pump.flush()
+    assert table0.host_of(key) == placed.host  # worker 0 heard it from its keeper
+    w2, table2 = placing("w2", clock)
+    late = connect(keeper, w2, clock)
+    late.flush()
+    clock.advance(0)  # told once its join is answered
+    late.flush()
+    assert table2.host_of(key) == placed.host

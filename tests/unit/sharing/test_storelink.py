@@ -15,8 +15,10 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 
 from crossbar.queueing import Traffic
+from crossbar.routing import Conversations
 from crossbar.sharing.ledger import Holding
 from crossbar.sharing.member import Member
+from crossbar.sharing.placesync import PlacementSync
 from crossbar.sharing.store import changes_channel, dump_stored, offers_channel
 from crossbar.sharing.storelink import BEAT, StoreLink
 from crossbar.sharing.storeplacements import placed_channel
@@ -60,6 +62,8 @@ class Store:
             return succeed([flat, offered, []])
         if op == "beat":
             return succeed(1 if self.known else 0)
+        if op == "since":
+            return succeed(["0", "0", []])
         return succeed(0)
 
     def ops(self) -> list[str]:
@@ -178,46 +182,35 @@ def test_stopping_leaves_the_store_at_once() -> None:
 # -- conversations' placements (cache_affinity) ----------------------------------------------
 
 
-class Placements:
-    """A :class:`~crossbar.sharing.placesync.PlacementSync` double: what the link asks."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    def start(self, commands: object, failed: object) -> None:
-        self.asked.append("start")
-
-    def stop(self) -> None:
-        self.asked.append("stop")
-
-    def read(self) -> None:
-        self.asked.append("read")
-
-
-def placing() -> tuple[StoreLink, Subscription, Clock, Placements]:
-    link, store, _, clock, _ = joined()
-    placements = Placements()
-    link = StoreLink(link.member, clock, cast(Any, placements))
-    link.member.uplink = None
-    subscription = Subscription()
+def placing() -> tuple[StoreLink, Store, Subscription, Clock, Conversations]:
+    """A replica joined to the store whose member shares ``cache_affinity``'s placements."""
+    clock, table = Clock(), Conversations({"gpu-a": 1})
+    traffic = Traffic(["gpu-a"], ["chat"], shared=True)
+    placements = PlacementSync(table, clock, lambda host: host == "gpu-a")
+    member = Member("r1", traffic, clock, "the store", placements)
+    link, store, subscription = StoreLink(member, clock), Store(), Subscription()
     link.opened(cast(Any, store))
     link.subscribing(cast(Any, subscription))
-    return link, subscription, clock, placements
+    return link, store, subscription, clock, table
 
 
 def test_a_replica_shares_placements_while_it_is_joined() -> None:
-    link, subscription, _, placements = placing()
+    link, store, subscription, clock, table = placing()
     assert subscription.channels[-1] == placed_channel()
-    assert placements.asked == ["start"]
+    assert store.ops()[-1] == "since"  # the others' live placements, read as it joins
+    table.place(bytes(16), ["gpu-a"], {}, 1.5, clock.seconds(), turn=0)
+    clock.advance(0)
+    assert store.ops()[-1] == "put" and store.runs[-1][2] == "r1"
     link.closed(subscription)
-    assert placements.asked == ["start", "stop"]  # places alone meanwhile
+    assert table.outgoing is None  # places alone meanwhile
 
 
 def test_another_replica_s_placements_are_read_its_own_are_not() -> None:
-    link, _, clock, placements = placing()
+    link, store, _, clock, _ = placing()
+    reads = store.ops().count("since")
     link.heard(placed_channel(), "r1")
-    assert placements.asked == ["start"]
+    assert store.ops().count("since") == reads
     link.heard(placed_channel(), "r2")
-    assert placements.asked == ["start", "read"]
+    assert store.ops().count("since") == reads + 1
     clock.advance(BEAT)  # and at each beat, in case a message was lost
-    assert placements.asked == ["start", "read", "read"]
+    assert store.ops().count("since") == reads + 2

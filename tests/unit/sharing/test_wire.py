@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from twisted.internet.error import ConnectionDone
@@ -15,6 +15,7 @@ from twisted.protocols import amp
 from twisted.python.failure import Failure
 
 from crossbar.queueing import Head
+from crossbar.routing import Placed
 from crossbar.sharing import wire
 from crossbar.testing import LogCapture
 
@@ -225,3 +226,41 @@ def test_flows_in_flight_come_back_and_hostile_ones_are_dropped() -> None:
     hostile = json.dumps([["ok", 1], ["neg", -1], ["bool", True], [HUGE, 1], [7, 1], "x"])
     assert wire.load_flows(hostile) == {"ok": 1}
     assert wire.load_flows("[" * 100_000) == {}
+
+
+def test_placements_go_in_messages_an_amp_value_holds_and_come_back_as_sent() -> None:
+    sent: list[str] = []
+
+    class Connection:
+        def callRemote(self, command: Any, placed: str) -> None:
+            assert command is wire.Place
+            sent.append(placed)
+
+    host = "gpu-a-with-a-long-name"
+    many = [Placed(n.to_bytes(16, "big"), host, 10**6, 299.5) for n in range(1200)]
+    wire.send_placed(cast(Any, Connection()), many)
+    assert [len(json.loads(text)) for text in sent] == [wire.MOST_PLACED, wire.MOST_PLACED, 200]
+    assert max(len(text.encode()) for text in sent) < 0xFFFF
+    assert [p for text in sent for p in wire.load_placed(text)] == many
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        ["00" * 15, "gpu-a", 0, 0.0],  # a key too short
+        ["zz" * 16, "gpu-a", 0, 0.0],  # not hex
+        ["00" * 16, "", 0, 0.0],
+        ["00" * 16, "x" * 1025, 0, 0.0],
+        ["00" * 16, "gpu-a", -2, 0.0],
+        ["00" * 16, "gpu-a", True, 0.0],
+        ["00" * 16, "gpu-a", 2**21, 0.0],
+        ["00" * 16, "gpu-a", 0, math.inf],
+        ["00" * 16, "gpu-a", 0, "1"],
+        ["00" * 16, "gpu-a", 0],
+        "x",
+    ],
+)
+def test_a_malformed_placement_is_dropped_and_the_rest_kept(item: Any) -> None:
+    good = ["11" * 16, "gpu-b", 3, 1.5]
+    text = json.dumps([item, good]).replace("Infinity", "1e999")
+    assert wire.load_placed(text) == [Placed(bytes([0x11] * 16), "gpu-b", 3, 1.5)]
