@@ -28,9 +28,10 @@ when that host is not in the group any more, the hash decides again. An entry ha
 fixed size (a 16-byte key, a reference to a host name of the config, a time bucket, a
 turn), so the cap on entries caps its bytes too. It is this crossbar's own.
 
-**Replicas.** A replica sees only some turns of a conversation. With ``shared_state``
-each tells the others where it placed each turn (:mod:`~crossbar.routing.sharedplacements`),
-and all keep one table. Without, a conversation another replica answers too (it is first
+**Replicas.** A replica (or a worker) sees only some turns of a conversation. Workers,
+and replicas with ``shared_state``, tell each other where they placed each turn
+(:mod:`~crossbar.routing.sharedplacements`), and all keep one table. Without, a
+conversation another replica answers too (it is first
 seen after its first turn, or its turn jumps) is *ranked*: all live conversations of the
 group, in the order of a second hash, each take the first host by weight that has a slot
 left, which replicas that have seen the same ones agree on (docs/design/affinity.md).
@@ -163,8 +164,9 @@ class Conversations:
         self._replicas_seen = NEVER
         """The tick another replica was last seen answering turns of a conversation."""
         self.outgoing: OutgoingPlacements | None = None
-        """While this crossbar shares its placements with others (``shared_state``), what
-        it placed since it last sent them; nothing is ranked then."""
+        """While this process shares its placements with others (workers, or replicas
+        with ``shared_state``), what it placed since it last sent them; nothing is ranked
+        then."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -334,7 +336,7 @@ class Conversations:
             if tick <= latest - BUCKETS:
                 continue  # no longer live: nothing to learn
             entry = self._entries.get(one.key)
-            if entry is None or replaces(one, tick, entry.turn, entry.host, entry.tick):
+            if entry is None or replaces(one, entry.turn, entry.host):
                 self._put(one.key, one.host, tick, one.turn if one.turn >= 0 else None)
 
     def _put(

@@ -67,13 +67,13 @@ class OutgoingPlacements:
         return taken
 
 
-def replaces(placed: Placed, tick: int, turn: int, host: str, entry_tick: int) -> bool:
-    """Whether a heard placement (its time bucket ``tick``) replaces a conversation's entry
-    (at ``turn`` on ``host``, last placed in bucket ``entry_tick``): it is of a later turn,
-    or of the same turn (an API that tells none: -1) on another host, a bucket later."""
+def replaces(placed: Placed, turn: int, host: str) -> bool:
+    """Whether a heard placement replaces a conversation's entry (at ``turn`` on ``host``):
+    it is of a later turn, or of the same turn on another host (the request was placed
+    again, after a failover or a wait at a busy home: heard later, so placed later)."""
     if placed.turn != turn:
         return placed.turn > turn
-    return placed.host != host and tick > entry_tick
+    return placed.host != host
 
 
 def read_placed(key: object, host: object, turn: object, age: object) -> Placed | None:

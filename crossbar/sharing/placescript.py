@@ -1,7 +1,7 @@
 """Conversations' placements kept in the shared store, as one Redis script: each call is
 atomic in the store.
 
-Keys (``KEYS``): placements (hash: conversation key → ``[host, turn, ms]``), their order
+Keys (``KEYS``): placements (hash: conversation key → ``[host, turn, ms, member]``), their order
 (sorted set: conversation key → the sequence number of its last placement), the sequence.
 ``ARGV``: the operation, the channel prefix, a placement's life (ms), the most kept, then
 the operation's own:
@@ -62,7 +62,7 @@ if op == 'put' then
         and type(one[2]) == 'string' and #one[2] <= 1024 and type(one[3]) == 'number' then
       local known = decode(redis.call('HGET', places, one[1]) or '')
       if not (known and type(known[2]) == 'number' and known[2] > one[3]) then
-        redis.call('HSET', places, one[1], cjson.encode({one[2], one[3], now}))
+        redis.call('HSET', places, one[1], cjson.encode({one[2], one[3], now, name}))
         redis.call('ZADD', order, redis.call('INCR', seq), one[1])
         kept = kept + 1
       end

@@ -79,7 +79,7 @@ class StoreLink:
         if self.member.placements is not None:
             self.placements = StorePlacements(commands)
             heard = self.member.placements.heard
-            self.reads = PlacementReads(self.placements, heard, self._failed)
+            self.reads = PlacementReads(self.name, self.placements, heard, self._failed)
         self._join()
 
     def subscribing(self, subscription: txredisapi.SubscriberProtocol) -> None:

@@ -58,22 +58,24 @@ class StorePlacements:
         rows = [[p.key.hex(), p.host, p.turn] for p in placed[: self.most]]
         return self._run("put", name, json.dumps(rows, separators=(",", ":")))
 
-    def since(self, seq: int) -> Deferred[Heard]:
-        """The placements after sequence number ``seq``."""
-        return self._run("since", seq).addCallback(load_heard)
+    def since(self, seq: int, own: str | None = None) -> Deferred[Heard]:
+        """The placements after sequence number ``seq``, but member ``own``'s."""
+        return self._run("since", seq).addCallback(load_heard, own)
 
 
 class PlacementReads:
     """Reads the store's placements from where the last read left off, one read at a
-    time (one more after it, when asked meanwhile), each into ``heard``."""
+    time (one more after it, when asked meanwhile), each into ``heard``; member ``name``'s
+    own left out."""
 
     def __init__(
         self,
+        name: str,
         store: StorePlacements,
         heard: Callable[[Sequence[Placed]], None],
         failed: Callable[[Failure], None],
     ) -> None:
-        self.store, self.heard, self.failed = store, heard, failed
+        self.name, self.store, self.heard, self.failed = name, store, heard, failed
         self._seq = 0
         self._reading, self._again = False, False
         self.stopped = False
@@ -85,7 +87,7 @@ class PlacementReads:
             self._again = True
             return
         self._reading = True
-        read = self.store.since(self._seq)
+        read = self.store.since(self._seq, self.name)
         read.addCallbacks(self._read, self.failed).addBoth(self._done)
 
     def _read(self, heard: Heard) -> None:
@@ -105,7 +107,7 @@ def placed_channel(prefix: str = PREFIX) -> str:
     return prefix + "placed"
 
 
-def load_heard(answer: object) -> Heard:
+def load_heard(answer: object, own: str | None = None) -> Heard:
     """The script's answer to ``since``, each placement checked; nothing when malformed."""
     if not (isinstance(answer, list) and len(answer) == 3):
         return Heard()
@@ -115,17 +117,19 @@ def load_heard(answer: object) -> Heard:
     now_ms = int(now)
     placed = []
     for key, value in zip(flat[0::2], flat[1::2], strict=False):
-        one = _placed(key, value, now_ms)
+        one = _placed(key, value, now_ms, own)
         if one is not None:
             placed.append(one)
     return Heard(int(seq), tuple(placed[:MOST_PLACEMENTS]))
 
 
-def _placed(key: object, text: object, now_ms: int) -> Placed | None:
+def _placed(key: object, text: object, now_ms: int, own: str | None) -> Placed | None:
     value = _json(text)
-    if not (isinstance(value, list) and len(value) == 3 and type(value[2]) is int):
+    if not (isinstance(value, list) and len(value) == 4 and type(value[2]) is int):
         return None
-    host, turn, ms = value
+    host, turn, ms, member = value
+    if member == own:
+        return None  # this replica's own, known here already
     return read_placed(key, host, turn, (now_ms - ms) / 1000)
 
 

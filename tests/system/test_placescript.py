@@ -45,6 +45,7 @@ async def test_a_replica_reads_what_another_put_from_where_it_left_off(connectio
     await store.put("replica-1", [Placed(A, "gpu-a", 0)])
     first = await store.since(0)
     assert where(first) == {A: ("gpu-a", 0)}
+    assert where(await store.since(0, "replica-1")) == {}  # its own, known there already
     assert first.placed[0].age < 5
     await store.put("replica-2", [Placed(B, "gpu-b", 0), Placed(A, "gpu-c", 1)])
     later = await store.since(first.seq)
@@ -91,8 +92,9 @@ async def test_what_another_process_wrote_is_left_out_when_malformed(connection:
     store = StorePlacements(connection)
     await store.put("replica-1", [Placed(A, "gpu-a", 0)])
     hash_key, order = store.keys[0], store.keys[1]
-    for key, value in [("zz" * 16, '["gpu-a",0,1]'), ("ab" * 16, "not json"),
-                       ("cd" * 16, '["gpu-a","x",1]'), ("short", '["gpu-a",0,1]')]:  # fmt: skip
+    malformed = [("zz" * 16, '["gpu-a",0,1,"r"]'), ("ab" * 16, "not json"),
+                 ("cd" * 16, '["gpu-a","x",1,"r"]'), ("short", '["gpu-a",0,1,"r"]')]  # fmt: skip
+    for key, value in malformed:
         await connection.hset(hash_key, key, value)
         await connection.zadd(order, 100, key)
     assert where(await store.since(0)) == {A: ("gpu-a", 0)}

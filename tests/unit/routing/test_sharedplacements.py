@@ -44,12 +44,13 @@ def test_a_store_that_is_down_lets_no_more_than_so_many_wait() -> None:
     assert [p.key for p in outgoing.take(2)] == keys(5)[4:]
 
 
-def test_a_heard_placement_replaces_an_entry_of_an_earlier_turn_or_bucket() -> None:
+def test_a_heard_placement_replaces_an_entry_of_an_earlier_turn_or_on_another_host() -> None:
     (key,) = keys(1)
-    assert replaces(Placed(key, "gpu-b", 3), 7, 2, "gpu-a", 7)
-    assert not replaces(Placed(key, "gpu-b", 1), 7, 2, "gpu-a", 6)  # an older turn
-    assert not replaces(Placed(key, "gpu-b", 2), 7, 2, "gpu-a", 7)  # the same, same bucket
-    assert replaces(Placed(key, "gpu-b", -1), 8, -1, "gpu-a", 7)  # no turns: the later
+    assert replaces(Placed(key, "gpu-b", 3), 2, "gpu-a")
+    assert not replaces(Placed(key, "gpu-b", 1), 2, "gpu-a")  # an older turn
+    assert replaces(Placed(key, "gpu-b", 2), 2, "gpu-a")  # placed again, elsewhere
+    assert not replaces(Placed(key, "gpu-a", 2), 2, "gpu-a")  # the same
+    assert replaces(Placed(key, "gpu-b", -1), -1, "gpu-a")  # no turns: the one heard last
 
 
 # -- the table, shared ----------------------------------------------------------------------
@@ -122,3 +123,17 @@ def test_while_shared_nothing_is_ranked() -> None:
         table.place(key, HOSTS, {}, 1.5, T0, turn=n + 2)
     assert alone._entries[keys(1, seed=9)[0]].ranked
     assert not any(entry.ranked for entry in table._entries.values())
+
+
+def test_a_turn_placed_again_elsewhere_is_followed() -> None:
+    """A turn that waited at its busy home and went elsewhere is placed twice with the same
+    turn: the process that heard the first placement takes the second too."""
+    (one, one_out), (two, _) = shared(), shared()
+    (key,) = keys(1, seed=11)
+    first = one.place(key, HOSTS, {}, 1.5, T0, turn=0)
+    assert first is not None
+    relay(one_out, [two], T0)
+    again = one.place(key, HOSTS, {}, 1.5, T0 + 1, exclude=[first.host], turn=0)
+    assert again is not None and again.host != first.host
+    relay(one_out, [two], T0 + 1)
+    assert two.host_of(key) == again.host

@@ -47,7 +47,11 @@ def test_a_put_sends_each_conversation_s_key_in_hex_with_its_host_and_turn() -> 
 
 
 def test_a_read_gives_each_placement_its_age_by_the_store_s_clock() -> None:
-    answer = ["12", "100000", [KEY.hex(), '["gpu-a",2,97500]', KEY.hex(), '["gpu-b",-1,100100]']]
+    answer = [
+        "12",
+        "100000",
+        [KEY.hex(), '["gpu-a",2,97500,"r2"]', KEY.hex(), '["gpu-b",-1,100100,"r2"]'],
+    ]
     heard = StorePlacements(Commands(answer)).since(5)
     got: list[Any] = []
     heard.addCallback(got.append)
@@ -56,19 +60,20 @@ def test_a_read_gives_each_placement_its_age_by_the_store_s_clock() -> None:
 
 
 def test_what_is_malformed_is_left_out() -> None:
-    good = [KEY.hex(), '["gpu-a",0,1000]']
+    good = [KEY.hex(), '["gpu-a",0,1000,"r2"]']
     bad = [
-        "zz" * 16, '["gpu-a",0,1000]',  # not hex
-        "ab" * 15, '["gpu-a",0,1000]',  # too short
-        KEY.hex(), '["",0,1000]',  # no host
-        KEY.hex(), '["gpu-a",-2,1000]',  # no such turn
-        KEY.hex(), '["gpu-a",true,1000]',
-        KEY.hex(), '["gpu-a",0,1.5]',
-        KEY.hex(), '["gpu-a",0]',
+        "zz" * 16, '["gpu-a",0,1000,"r2"]',  # not hex
+        "ab" * 15, '["gpu-a",0,1000,"r2"]',  # too short
+        KEY.hex(), '["",0,1000,"r2"]',  # no host
+        KEY.hex(), '["gpu-a",-2,1000,"r2"]',  # no such turn
+        KEY.hex(), '["gpu-a",true,1000,"r2"]',
+        KEY.hex(), '["gpu-a",0,1.5,"r2"]',
+        KEY.hex(), '["gpu-a",0,1000]',  # no member
+        KEY.hex(), '["gpu-a",0,1000,"r1"]',  # this replica's own
         KEY.hex(), "[" * 3000,
         KEY.hex(), 7,
     ]  # fmt: skip
-    heard = load_heard(["3", "2000", bad + good])
+    heard = load_heard(["3", "2000", bad + good], "r1")
     assert heard.placed == (Placed(KEY, "gpu-a", 0, 1.0),)
     for answer in (None, "x", [], ["1", "2"], ["x", "1", []], ["1", "2", "x"], ["-1", "2", []]):
         assert load_heard(answer).placed == ()
