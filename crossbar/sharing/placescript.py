@@ -7,9 +7,10 @@ Keys (``KEYS``): placements (hash: conversation key → ``[host, turn, ms, membe
 the operation's own:
 
 - ``put`` NAME JSON: member NAME placed these (``[[key, host, turn], ...]``); one of a
-  lower turn than the store's is left out. Then placements older than their life, and the
-  oldest beyond the most kept, are dropped, and NAME is published on ``<prefix>placed``.
-  Answers how many were kept.
+  lower turn than the store's is left out. The ones kept are published on
+  ``<prefix>placed`` as ``[NAME, [[key, host, turn], ...]]`` (the others take them from
+  there, without a read); then placements older than their life, and the oldest beyond the
+  most kept, are dropped. Answers how many were kept.
 - ``since`` SEQ: the placements after sequence number SEQ (all of them when SEQ is past the
   store's: a store emptied or new), at most the most kept, oldest first. Answers
   ``[seq, now_ms, [key, value, ...]]``, ``seq`` being where the next call goes on from.
@@ -55,7 +56,7 @@ local function sweep()
 end
 
 if op == 'put' then
-  local name, placed, kept = ARGV[5], decode(ARGV[6]) or {}, 0
+  local name, placed, kept, told = ARGV[5], decode(ARGV[6]) or {}, 0, {}
   for i = 1, math.min(#placed, most) do
     local one = placed[i]
     if type(one) == 'table' and type(one[1]) == 'string' and #one[1] <= 64
@@ -65,11 +66,14 @@ if op == 'put' then
         redis.call('HSET', places, one[1], cjson.encode({one[2], one[3], now, name}))
         redis.call('ZADD', order, redis.call('INCR', seq), one[1])
         kept = kept + 1
+        told[kept] = {one[1], one[2], one[3]}
       end
     end
   end
   sweep()
-  redis.call('PUBLISH', channel .. 'placed', name)
+  if kept > 0 then
+    redis.call('PUBLISH', channel .. 'placed', cjson.encode({name, told}))
+  end
   return kept
 elseif op == 'since' then
   local last = tonumber(redis.call('GET', seq) or '0')

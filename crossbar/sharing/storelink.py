@@ -5,7 +5,8 @@ tries again with a growing pause.
 
 The replica is a member of the shared count (:class:`~crossbar.sharing.member.Member`)
 while both connections are up: it reports through the script, reads the ledger again on
-every change another member publishes and at every heartbeat, and answers each offer. A
+every change another member publishes and at every heartbeat, and answers each offer; the
+placements other members publish are taken from the message, and read again at each beat. A
 store that is down, or slower than :data:`REPLY_TIMEOUT`, closes the connections: the
 replica counts its own requests only, and joins again once the store answers.
 """
@@ -37,7 +38,12 @@ from crossbar.sharing.store import (
     load_slot,
     offers_channel,
 )
-from crossbar.sharing.storeplacements import PlacementReads, StorePlacements, placed_channel
+from crossbar.sharing.storeplacements import (
+    PlacementReads,
+    StorePlacements,
+    load_published,
+    placed_channel,
+)
 
 log = Logger()
 
@@ -152,8 +158,8 @@ class StoreLink:
                 self._read()
         elif channel == offers_channel(self.name):
             self._offered(message)
-        elif channel == placed_channel() and message != self.name:
-            self._read_placements()
+        elif channel == placed_channel() and self.member.placements is not None:
+            self.member.placements.heard(load_published(message, self.name))
 
     def _offered(self, message: str) -> None:
         """An offer: the ledger is read first (so that the offered slot is free in this

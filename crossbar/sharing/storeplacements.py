@@ -23,6 +23,9 @@ from crossbar.sharing.store import PREFIX, Commands
 MOST_PLACEMENTS = 4096
 """Placements the store keeps at most (the latest), and sent or read in one call."""
 
+MOST_MESSAGE = 1 << 20
+"""Characters of a published put at most (4,096 placements fit in a quarter of it)."""
+
 _KEYS = ("placements", "placement-order", "placement-ids")
 
 
@@ -103,8 +106,22 @@ class PlacementReads:
 
 
 def placed_channel(prefix: str = PREFIX) -> str:
-    """The channel each put is published on (its message: who put)."""
+    """The channel each put is published on (its message: who put, and what)."""
     return prefix + "placed"
+
+
+def load_published(message: str, own: str) -> list[Placed]:
+    """The placements another member put, as the store published them (member ``own``'s
+    left out); nothing when malformed."""
+    value = _json(message, MOST_MESSAGE)
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)):
+        return []
+    name, rows = value
+    if name == own:
+        return []
+    rows = [row for row in rows[:MOST_PLACEMENTS] if isinstance(row, list) and len(row) == 3]
+    placed = [read_placed(key, host, turn, 0.0) for key, host, turn in rows]
+    return [one for one in placed if one is not None]
 
 
 def load_heard(answer: object, own: str | None = None) -> Heard:
@@ -133,8 +150,8 @@ def _placed(key: object, text: object, now_ms: int, own: str | None) -> Placed |
     return read_placed(key, host, turn, (now_ms - ms) / 1000)
 
 
-def _json(text: object) -> object:
-    if not (isinstance(text, str) and len(text) <= 2048):
+def _json(text: object, most: int = 2048) -> object:
+    if not (isinstance(text, str) and len(text) <= most):
         return None
     try:
         return json.loads(text)

@@ -7,6 +7,7 @@ A placement's life is the store's clock's: it is made 100 ms here, and the test 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,18 +15,22 @@ from typing import Any
 import pytest_twisted
 import txredisapi
 from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.task import deferLater
 
 from crossbar.routing.sharedplacements import Placed
-from crossbar.sharing.storeplacements import StorePlacements
+from crossbar.sharing.storeplacements import StorePlacements, load_published, placed_channel
 from tests.support.redis import running_redis
 
 A, B = bytes(16), bytes([1] * 16)
+PORT: list[int] = []
+"""The running store's port, for a test's second connection."""
 
 
 @pytest_twisted.async_yield_fixture
 async def connection(tmp_path: Path) -> AsyncIterator[Any]:
     with running_redis(tmp_path) as server:
+        PORT[:] = [server.port]
         opened = await txredisapi.Connection(
             "127.0.0.1", server.port, reconnect=False, convertNumbers=False
         )
@@ -98,3 +103,27 @@ async def test_what_another_process_wrote_is_left_out_when_malformed(connection:
         await connection.hset(hash_key, key, value)
         await connection.zadd(order, 100, key)
     assert where(await store.since(0)) == {A: ("gpu-a", 0)}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_put_is_published_with_what_was_kept(connection: Any) -> None:
+    heard: list[str] = []
+
+    class Listener(txredisapi.SubscriberProtocol):  # type: ignore[misc]
+        def messageReceived(self, pattern: object, channel: str, message: str) -> None:
+            heard.append(message)
+
+    factory = txredisapi.SubscriberFactory()
+    factory.protocol = Listener
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", PORT[0])
+    listener = await endpoint.connect(factory)
+    try:
+        await listener.subscribe([placed_channel()])
+        store = StorePlacements(connection)
+        await store.put("replica-1", [Placed(A, "gpu-a", 3)])
+        await store.put("replica-2", [Placed(A, "gpu-b", 2)])  # behind: not kept, not told
+        await deferLater(reactor, 0.05, lambda: None)
+        assert [json.loads(m) for m in heard] == [["replica-1", [[A.hex(), "gpu-a", 3]]]]
+        assert load_published(heard[0], "replica-2") == [Placed(A, "gpu-a", 3)]
+    finally:
+        listener.transport.loseConnection()

@@ -8,6 +8,7 @@ script itself runs against a real redis-server in ``tests/system/test_script.py`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -205,12 +206,14 @@ def test_a_replica_shares_placements_while_it_is_joined() -> None:
     assert table.outgoing is None  # places alone meanwhile
 
 
-def test_another_replica_s_placements_are_read_its_own_are_not() -> None:
-    link, store, _, clock, _ = placing()
+def test_another_replica_s_placements_are_taken_from_its_message_its_own_are_not() -> None:
+    link, store, _, clock, table = placing()
     reads = store.ops().count("since")
-    link.heard(placed_channel(), "r1")
-    assert store.ops().count("since") == reads
-    link.heard(placed_channel(), "r2")
+    a, b = bytes(16), bytes([1] * 16)
+    link.heard(placed_channel(), json.dumps(["r1", [[a.hex(), "gpu-a", 0]]]))
+    link.heard(placed_channel(), json.dumps(["r2", [[b.hex(), "gpu-a", 1]]]))
+    link.heard(placed_channel(), "not json")
+    assert table.host_of(a) is None and table.host_of(b) == "gpu-a"
+    assert store.ops().count("since") == reads  # no read needed
+    clock.advance(BEAT)  # but one at each beat, in case a message was lost
     assert store.ops().count("since") == reads + 1
-    clock.advance(BEAT)  # and at each beat, in case a message was lost
-    assert store.ops().count("since") == reads + 2

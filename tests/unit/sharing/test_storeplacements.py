@@ -15,6 +15,7 @@ from crossbar.sharing.placescript import PLACES_SCRIPT
 from crossbar.sharing.storeplacements import (
     StorePlacements,
     load_heard,
+    load_published,
     placed_channel,
 )
 
@@ -77,3 +78,11 @@ def test_what_is_malformed_is_left_out() -> None:
     assert heard.placed == (Placed(KEY, "gpu-a", 0, 1.0),)
     for answer in (None, "x", [], ["1", "2"], ["x", "1", []], ["1", "2", "x"], ["-1", "2", []]):
         assert load_heard(answer).placed == ()
+
+
+def test_a_published_put_is_read_from_its_message_but_one_s_own() -> None:
+    rows = [[KEY.hex(), "gpu-a", 2], [KEY.hex(), "", 0], ["xy", "gpu-a", 0], "x", [1, 2]]
+    assert load_published(json.dumps(["r2", rows]), "r1") == [Placed(KEY, "gpu-a", 2)]
+    assert load_published(json.dumps(["r1", rows]), "r1") == []
+    for message in ("", "[]", '{"a": 1}', '["r2", {}]', "[" * 5000, "x" * (1 << 21)):
+        assert load_published(message, "r1") == []
