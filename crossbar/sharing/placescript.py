@@ -20,18 +20,14 @@ The store's clock alone times a placement, so replicas' clocks never decide its 
 
 from __future__ import annotations
 
-PLACES_SCRIPT = r"""
+from crossbar.sharing.script import STORE_CLOCK
+
+PLACES_SCRIPT = (
+    STORE_CLOCK
+    + r"""
 local places, order, seq = KEYS[1], KEYS[2], KEYS[3]
 local op, channel = ARGV[1], ARGV[2]
 local life, most = tonumber(ARGV[3]), tonumber(ARGV[4])
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
-local function decode(text)
-  local ok, value = pcall(cjson.decode, text)
-  if ok and type(value) == 'table' then return value end
-  return nil
-end
 
 local function drop(keys)
   for _, key in ipairs(keys) do
@@ -91,4 +87,5 @@ elseif op == 'since' then
 end
 return redis.error_reply('unknown operation')
 """
+)
 """The script (see the module's docstring)."""

@@ -22,10 +22,7 @@ one read, so replicas' clocks never decide a lease.
 
 from __future__ import annotations
 
-LEDGER_SCRIPT = r"""
-local leases, reports, offers = KEYS[1], KEYS[2], KEYS[3]
-local deadlines, gifts, seq = KEYS[4], KEYS[5], KEYS[6]
-local op, channel, offer_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+STORE_CLOCK = r"""
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
@@ -34,6 +31,16 @@ local function decode(text)
   if ok and type(value) == 'table' then return value end
   return nil
 end
+"""
+"""What every script of crossbar's starts with: ``now``, the store's time in ms (the only
+clock read), and ``decode``, JSON that another process wrote, or ``nil``."""
+
+LEDGER_SCRIPT = (
+    STORE_CLOCK
+    + r"""
+local leases, reports, offers = KEYS[1], KEYS[2], KEYS[3]
+local deadlines, gifts, seq = KEYS[4], KEYS[5], KEYS[6]
+local op, channel, offer_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local function members()
   local all, found = redis.call('HGETALL', reports), {}
@@ -211,6 +218,7 @@ end
 if changed then redis.call('PUBLISH', channel .. 'changed', name or '') end
 return result
 """
+)
 """The script (see the module's docstring)."""
 
 OPERATIONS = ("report", "beat", "give", "answer", "leave", "read")

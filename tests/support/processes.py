@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from twisted.internet.threads import deferToThread
 
 from crossbar.testing import SimulatedHost
+from tests.support import Daemon, start_daemon
 
 T = TypeVar("T")
 
@@ -56,3 +58,23 @@ async def beside(sim: SimulatedHost, work: Callable[[Path, str], T], tmp: Path) 
         return await deferToThread(work, tmp, sim.url)
     finally:
         await sim.stop()
+
+
+@contextmanager
+def replicas(
+    tmp_path: Path, config: str, ready: Callable[[Daemon], bool], what: str, count: int = 2
+) -> Iterator[list[Daemon]]:
+    """``count`` crossbars of one config, each in a folder of its own, once each is
+    ``ready``; stopped after."""
+    started: list[Daemon] = []
+    try:
+        for n in range(count):
+            folder = tmp_path / f"replica-{n}"
+            folder.mkdir()
+            started.append(start_daemon(folder, config))
+        for replica in started:
+            wait_until(lambda r=replica: ready(r), what)
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()

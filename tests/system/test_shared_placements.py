@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from twisted.internet.threads import deferToThread
 from crossbar.testing import SimulatedHost
 from tests.support import Daemon, start_daemon
 from tests.support.affinity import body
-from tests.support.processes import fetch, wait_until
+from tests.support.processes import fetch, replicas, wait_until
 from tests.support.redis import running_redis
 
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")
@@ -57,32 +55,21 @@ def turn(daemon: Daemon, first: str, n: int) -> str:
         return str(response.headers["x-crossbar-host"])
 
 
-@contextmanager
-def two_replicas(tmp_path: Path, urls: dict[str, str], store_url: str) -> Iterator[list[Daemon]]:
-    replicas: list[Daemon] = []
-    try:
-        for n in range(2):
-            folder = tmp_path / f"replica-{n}"
-            folder.mkdir()
-            replicas.append(start_daemon(folder, replica_config(urls, store_url)))
-        for replica in replicas:
-            wait_until(lambda r=replica: ready(r), "each replica to join and learn the slots")
-        yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
+def two_replicas(tmp_path: Path, urls: dict[str, str], store_url: str) -> Any:
+    config = replica_config(urls, store_url)
+    return replicas(tmp_path, config, ready, "each replica to join and learn the slots")
 
 
 def alternate(tmp_path: Path, urls: dict[str, str], store_url: str) -> dict[str, Any]:
     """Every conversation's first turn, then every second one..., each turn through the
     other replica than the turn before: the hosts each conversation's turns went to."""
     firsts = [f"task {n}" for n in range(CONVERSATIONS)]
-    with two_replicas(tmp_path, urls, store_url) as replicas:
+    with two_replicas(tmp_path, urls, store_url) as both:
         went: list[list[str]] = [[] for _ in firsts]
         for n in range(1, TURNS + 1):
             for index, first in enumerate(firsts):
-                went[index].append(turn(replicas[(index + n) % 2], first, n))
-        return {"went": went, "output": "".join(r.output() for r in replicas)}
+                went[index].append(turn(both[(index + n) % 2], first, n))
+        return {"went": went, "output": "".join(r.output() for r in both)}
 
 
 def workers_alternate(tmp_path: Path, urls: dict[str, str]) -> dict[str, Any]:

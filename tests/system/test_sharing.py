@@ -22,7 +22,7 @@ from crossbar.sharing import LEASE
 from crossbar.sharing.storelink import BEAT
 from crossbar.testing import SimulatedHost
 from tests.support import Daemon, start_daemon
-from tests.support.processes import beside, children, fetch, wait_until
+from tests.support.processes import beside, children, fetch, replicas, wait_until
 from tests.support.redis import RedisServer, running_redis
 
 CHUNK = 0.05
@@ -149,21 +149,10 @@ def holds(daemon: Daemon) -> bool:
     return 'crossbar_in_flight_requests{host="gpu-a"} 1.0' in metrics
 
 
-@contextmanager
-def two_replicas(tmp_path: Path, sim_url: str, store_url: str) -> Iterator[list[Daemon]]:
+def two_replicas(tmp_path: Path, sim_url: str, store_url: str) -> Any:
     """Two crossbars in front of the host, once both share the store's count."""
-    replicas: list[Daemon] = []
-    try:
-        for n in range(2):
-            folder = tmp_path / f"replica-{n}"
-            folder.mkdir()
-            replicas.append(start_daemon(folder, replica_config(sim_url, store_url)))
-        for replica in replicas:
-            wait_until(lambda r=replica: joined(r), "each replica to share the store's count")
-        yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
+    config = replica_config(sim_url, store_url)
+    return replicas(tmp_path, config, joined, "each replica to share the store's count")
 
 
 def replicas_never_twice(tmp_path: Path, sim_url: str, store_url: str) -> dict[str, Any]:
