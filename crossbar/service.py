@@ -180,6 +180,7 @@ class Crossbar(MultiService):
             observer,
             self.waits,
             prefixes=prefixes,
+            placements=None if self.share is None else self.share.placements,
         )
 
     def _prefix_files(self, host: str) -> int:

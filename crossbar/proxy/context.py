@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from crossbar.config import Config, HostSettings
@@ -15,6 +17,15 @@ from crossbar.queueing import Traffic, Waits
 from crossbar.routing import PromptSizes
 from crossbar.stats import ProxyObserver
 from crossbar.upstream import Upstreams
+
+
+class PlacementsTold(Protocol):
+    """The other processes' knowledge of this one's placements (workers, replicas)."""
+
+    def told(self, key: bytes) -> Deferred[None] | None:
+        """``None`` when the others know where conversation ``key`` lives; else what
+        fires once they do (:class:`~crossbar.sharing.placesync.PlacementSync`)."""
+        ...
 
 
 @attrs.frozen
@@ -31,6 +42,8 @@ class ProxyContext:
     """Where requests wait for a slot; ``None``: every request is sent on at once."""
     prefixes: PrefixKeeper | None = None
     """Saves and restores shared prompt prefixes on hosts; ``None``: never."""
+    placements: PlacementsTold | None = None
+    """With workers or replicas: a turn placed anew waits until the others know its host."""
     sizes: PromptSizes = attrs.field(factory=PromptSizes)
     """Bytes per prompt token learned per model and API, and each conversation's last
     size: a request's prompt tokens guessed before it is sent (routing by fit)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from functools import partial
 
 from twisted.internet import error
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -183,12 +184,22 @@ class Exchange(AnswerRelay):
             self._count(host)
         self._attempt_started = proxy.clock.seconds()
         self._sent = self._sent or self._attempt_started
-        prefixes = proxy.prefixes if len(outcome.tried) == 1 else None  # not on a failover
-        warm = prefixes and prefixes.before(route.name, demand.model, host, demand.conversation)
-        if warm:  # a saved prefix restored on the host first: then sent, unless it ended
-            warm.addCallback(lambda _: self._warmed(host))
+        ready = self._before(route.name, host)
+        if ready:  # sent once the others know, and its prefix is restored, unless it ended
+            ready.addCallback(lambda _: self._warmed(host))
         else:
             self._send(host)
+
+    def _before(self, route: str, host: str) -> Deferred[None] | None:
+        """What a turn waits for before it is sent to ``host``, if anything: the other
+        processes told of its conversation's new host, then a saved prefix restored there."""
+        proxy, conversation = self.proxy, self.demand.conversation
+        where = (route, self.demand.model, host, conversation)
+        prefixes = proxy.prefixes if len(self.outcome.tried) == 1 else None  # not on a failover
+        told = conversation and proxy.placements and proxy.placements.told(conversation.key)
+        if not told:
+            return None if prefixes is None else prefixes.before(*where)
+        return told if prefixes is None else told.addCallback(lambda _: prefixes.before(*where))
 
     def _warmed(self, host: str) -> None:
         if self.phase is Phase.WAITING:  # else the client left meanwhile

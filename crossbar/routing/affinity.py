@@ -323,9 +323,11 @@ class Conversations:
     ) -> None:
         """The conversation's latest turn (``turn``, if known) went to ``host`` at ``now``;
         ``ranked``: it is ranked from now on."""
+        outgoing = self.outgoing
+        if outgoing is not None:
+            entry = self._entries.get(key)
+            outgoing.add(key, host, turn, entry is None or entry.host != host)
         self._put(key, host, self._now(now), turn, ranked)
-        if self.outgoing is not None:
-            self.outgoing.add(key, host, turn)
 
     def heard(self, placed: Sequence[Placed], now: float) -> None:
         """Placements another crossbar made, each taken where it is newer than this one's

@@ -43,28 +43,40 @@ class OutgoingPlacements:
         self.ready = ready
         self.most = most
         self._waiting: dict[bytes, Placed] = {}
+        self.fresh: set[bytes] = set()
+        """The waiting conversations whose host the others do not know: new to this
+        process, or moved (a turn there waits until they are told, :mod:`placesync`)."""
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def add(self, key: bytes, host: str, turn: int | None) -> None:
-        """The conversation ``key``'s turn ``turn`` (``None``: not told) went to ``host``."""
+    def add(self, key: bytes, host: str, turn: int | None, fresh: bool = False) -> None:
+        """The conversation ``key``'s turn ``turn`` (``None``: not told) went to ``host``;
+        ``fresh``: a host other than its last one here (or its first)."""
         waiting = self._waiting
         first = not waiting
         waiting.pop(key, None)  # the latest goes last
         if len(waiting) >= self.most:
-            del waiting[next(iter(waiting))]
+            self.fresh.discard(oldest := next(iter(waiting)))
+            del waiting[oldest]
         waiting[key] = Placed(key, host, -1 if turn is None else turn)
+        if fresh:
+            self.fresh.add(key)
         if first and self.ready is not None:
             self.ready()
 
-    def take(self, most: int) -> list[Placed]:
-        """Up to ``most`` placements, oldest first, no longer waiting."""
+    def take(self, most: int) -> tuple[list[Placed], set[bytes]]:
+        """Up to ``most`` placements, oldest first, no longer waiting; and which of them
+        were fresh."""
         waiting = self._waiting
         taken = [waiting[key] for key in list(waiting)[:most]]
+        fresh = set()
         for placed in taken:
             del waiting[placed.key]
-        return taken
+            if placed.key in self.fresh:
+                fresh.add(placed.key)
+        self.fresh -= fresh
+        return taken, fresh
 
 
 def replaces(placed: Placed, turn: int, host: str) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamClientEndpoint
@@ -65,8 +65,9 @@ class LocalLink:
     def give(self, slot: SlotKey, pools: Sequence[Hashable], gift: int) -> None:
         self.keeper.give(self.member.name, slot, pools, gift)
 
-    def place(self, placed: Sequence[Placed]) -> None:
+    def place(self, placed: Sequence[Placed]) -> Deferred[object]:
         self.keeper.place(self.member.name, placed)
+        return succeed(None)
 
 
 class MemberProtocol(wire.CountConnection):
@@ -122,8 +123,8 @@ class MemberProtocol(wire.CountConnection):
         gave = {"slot": wire.dump_slot(*slot), "pools": wire.dump_pools(list(pools))}
         self.callRemote(wire.Give, gift=gift, **gave)
 
-    def place(self, placed: Sequence[Placed]) -> None:
-        wire.send_placed(self, placed)
+    def place(self, placed: Sequence[Placed]) -> Deferred[object]:
+        return wire.send_placed(self, placed)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         super().connectionLost(reason)

@@ -19,7 +19,7 @@ from typing import Any
 
 import txredisapi
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
@@ -145,9 +145,10 @@ class StoreLink:
             gave = self.ledger.give(self.name, slot, pools, gift)
             gave.addCallbacks(lambda _: self._read(), self._failed)
 
-    def place(self, placed: Sequence[Placed]) -> None:
-        if self.placements is not None:
-            self.placements.put(self.name, placed).addErrback(self._failed)
+    def place(self, placed: Sequence[Placed]) -> Deferred[object]:
+        if self.placements is None:
+            return succeed(None)
+        return self.placements.put(self.name, placed).addErrback(self._failed)
 
     # -- what the store says ----------------------------------------------------------------
 

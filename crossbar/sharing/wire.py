@@ -15,6 +15,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.protocols import amp
 
 from crossbar.queueing import Head
@@ -86,21 +87,24 @@ class Offer(amp.Command):
 
 class Place(amp.Command):
     """``cache_affinity`` placed these conversations' turns: a worker tells worker 0, which
-    tells every other worker (and, as it joins, a worker that was not there)."""
+    tells every other worker (and, as it joins, a worker that was not there). Its answer
+    says that they were told: a turn placed anew waits for it (:mod:`placesync`)."""
 
     arguments = [(b"placed", amp.Unicode())]
-    requiresAnswer = False
 
 
 MOST_PLACED = 500
 """Placements in one :class:`Place` at most (an AMP value holds 64 KiB)."""
 
 
-def send_placed(connection: amp.AMP, placed: Sequence[Placed]) -> None:
-    """Placements sent as :class:`Place` commands of :data:`MOST_PLACED` each."""
-    for start in range(0, len(placed), MOST_PLACED):
-        chunk = placed[start : start + MOST_PLACED]
-        connection.callRemote(Place, placed=dump_placed(chunk))
+def send_placed(connection: amp.AMP, placed: Sequence[Placed]) -> Deferred[object]:
+    """Placements sent as :class:`Place` commands of :data:`MOST_PLACED` each: what fires
+    once every one is answered (or failed: the connection's loss says so)."""
+    sent = [
+        connection.callRemote(Place, placed=dump_placed(placed[start : start + MOST_PLACED]))
+        for start in range(0, len(placed), MOST_PLACED)
+    ]
+    return DeferredList(sent, consumeErrors=True)  # type: ignore[return-value]
 
 
 def dump_placed(placed: Sequence[Placed]) -> str:

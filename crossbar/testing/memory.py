@@ -25,7 +25,7 @@ from crossbar.config import Config
 from crossbar.http import Channel, Site
 from crossbar.polling import HealthTable
 from crossbar.prefixes import PrefixKeeper
-from crossbar.proxy import ProxyContext, ProxyResource, RootResource
+from crossbar.proxy import PlacementsTold, ProxyContext, ProxyResource, RootResource
 from crossbar.queueing import Traffic, Waits
 from crossbar.stats import RequestRecord
 from crossbar.upstream import Upstreams
@@ -135,7 +135,11 @@ class MemoryProxy:
     metrics and recent window get them. ``prefixes`` saves and restores shared prefixes."""
 
     def __init__(
-        self, config: Config, models: tuple[str, ...] = (), prefixes: PrefixKeeper | None = None
+        self,
+        config: Config,
+        models: tuple[str, ...] = (),
+        prefixes: PrefixKeeper | None = None,
+        placements: PlacementsTold | None = None,
     ) -> None:
         self.clock = MemoryReactorClock()
         self.config = config
@@ -151,7 +155,7 @@ class MemoryProxy:
         self.waits.configure(config)
         context = ProxyContext(
             config, self.table, self.traffic, self.upstreams, self.clock, self, self.waits,
-            prefixes=prefixes,
+            prefixes=prefixes, placements=placements,
         )  # fmt: skip
         proxy = ProxyResource(context)
         self.site = Site(

@@ -15,6 +15,8 @@ class StubQueue:
     def __init__(self) -> None:
         self.waiting: dict[Hashable, Head] = {}
         self.flows: dict[str, int] = {}
+        self.others: dict[str, int] = {}
+        """Each flow's requests in flight in the other processes, as last told."""
 
     def heads(self) -> dict[Hashable, Head]:
         return dict(self.waiting)
@@ -24,6 +26,9 @@ class StubQueue:
 
     def flow(self, name: str) -> tuple[int, int]:
         return 0, self.flows.get(name, 0)
+
+    def elsewhere(self, running: dict[str, int]) -> None:
+        self.others = dict(running)
 
 
 class StubWaits:

@@ -31,7 +31,7 @@ def test_waiting_placements_keep_each_conversation_s_latest_oldest_first() -> No
     outgoing.add(b, "gpu-b", None)
     outgoing.add(a, "gpu-c", 1)  # a's latest, after b's
     assert ready == [1]  # told once, when the first came
-    assert outgoing.take(10) == [Placed(b, "gpu-b", -1), Placed(a, "gpu-c", 1)]
+    assert outgoing.take(10) == ([Placed(b, "gpu-b", -1), Placed(a, "gpu-c", 1)], set())
     outgoing.add(a, "gpu-a", 2)
     assert ready == [1, 1]  # and again after a take
 
@@ -40,8 +40,23 @@ def test_a_store_that_is_down_lets_no_more_than_so_many_wait() -> None:
     outgoing = OutgoingPlacements(most=3)
     for key in keys(5):
         outgoing.add(key, "gpu-a", 0)
-    assert [p.key for p in outgoing.take(2)] == keys(5)[2:4]  # the oldest two dropped
-    assert [p.key for p in outgoing.take(2)] == keys(5)[4:]
+    assert [p.key for p in outgoing.take(2)[0]] == keys(5)[2:4]  # the oldest two dropped
+    assert [p.key for p in outgoing.take(2)[0]] == keys(5)[4:]
+
+
+def test_a_placement_is_fresh_when_the_others_cannot_know_its_host() -> None:
+    table, outgoing = shared(dict.fromkeys(HOSTS, 2))
+    a, b = keys(2)
+    first = table.place(a, HOSTS, {}, 1.5, T0, turn=0)
+    assert first is not None
+    table.heard([Placed(b, "gpu-b", 0)], T0)
+    table.place(b, HOSTS, {}, 1.5, T0, turn=1)  # where the others placed it
+    placed, fresh = outgoing.take(10)
+    assert [p.key for p in placed] == [a, b] and fresh == {a}  # a: new here
+    table.place(a, HOSTS, {}, 1.5, T0, turn=1, exclude=[first.host])  # moved: a failover
+    assert outgoing.take(10)[1] == {a}
+    table.place(a, HOSTS, {}, 1.5, T0, turn=2)
+    assert outgoing.take(10)[1] == set()  # stays where it was
 
 
 def test_a_heard_placement_replaces_an_entry_of_an_earlier_turn_or_on_another_host() -> None:
@@ -63,7 +78,7 @@ def shared(slots: dict[str, int] | None = None) -> tuple[Conversations, Outgoing
 
 
 def relay(sender: OutgoingPlacements, receivers: list[Conversations], now: float) -> None:
-    placed = sender.take(1000)
+    placed, _ = sender.take(1000)
     for table in receivers:
         table.heard(placed, now)
 
@@ -110,7 +125,7 @@ def test_a_placement_heard_late_or_of_an_earlier_turn_changes_nothing() -> None:
     table.heard([Placed(key, elsewhere, 3), Placed(quiet, "gpu-a", 0, LIVE_SECONDS + 1)], T0)
     assert table.host_of(key) == placed.host
     assert table.host_of(quiet) is None  # long over: not live, not learned
-    assert [p.host for p in outgoing.take(10)] == [placed.host]  # what was heard is not sent
+    assert [p.host for p in outgoing.take(10)[0]] == [placed.host]  # what was heard is not sent
 
 
 def test_while_shared_nothing_is_ranked() -> None:

@@ -41,6 +41,9 @@ class Queue:
     def flow(self, name: str) -> tuple[int, int]:
         return len(self.waiting), 0
 
+    def elsewhere(self, running: dict[str, int]) -> None:
+        pass
+
 
 class Waits:
     """A worker's queue as its member asks it: heads, and offered slots a request takes."""

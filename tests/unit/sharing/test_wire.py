@@ -9,6 +9,7 @@ from collections.abc import Hashable
 from typing import Any, cast
 
 import pytest
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.protocols import amp
@@ -232,14 +233,21 @@ def test_placements_go_in_messages_an_amp_value_holds_and_come_back_as_sent() ->
     sent: list[str] = []
 
     class Connection:
-        def callRemote(self, command: Any, placed: str) -> None:
+        def callRemote(self, command: Any, placed: str) -> Deferred[object]:
             assert command is wire.Place
             sent.append(placed)
+            return answers[-1] if len(sent) == 2 else succeed({})  # the second not yet
+
+    answers: list[Deferred[object]] = [Deferred()]
 
     host = "gpu-a-with-a-long-name"
     many = [Placed(n.to_bytes(16, "big"), host, 10**6, 299.5) for n in range(1200)]
-    wire.send_placed(cast(Any, Connection()), many)
+    answered: list[object] = []
+    wire.send_placed(cast(Any, Connection()), many).addCallback(answered.append)
     assert [len(json.loads(text)) for text in sent] == [wire.MOST_PLACED, wire.MOST_PLACED, 200]
+    assert answered == []  # the worker's turns wait until every message is answered
+    answers[0].callback({})
+    assert len(answered) == 1
     assert max(len(text.encode()) for text in sent) < 0xFFFF
     assert [p for text in sent for p in wire.load_placed(text)] == many
 
