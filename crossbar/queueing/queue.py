@@ -4,22 +4,10 @@ When all the slots a request could use are busy, it waits here in a *pool* the c
 names (any hashable), and a freed slot asks :meth:`FairQueue.pop` for the pools it can
 serve. Next is the highest band with anyone waiting (strict), then the flow (a client)
 with the least service lately, then the earliest arrival (FIFO per flow and pool).
-Service lately is, first, the flow's requests in flight now (one keeping 16 going comes
-after one with none, whatever their pasts), then its slot-seconds decayed with a
-half-life, so what it used an hour ago is forgiven.
-
-A flow that becomes active (new, or back from idle) starts at the queue's *virtual time*
-when that is more than its own service: the service each active flow has had, as fair
-queueing keeps it (each request that ends adds its slot-seconds shared among the flows
-active then). So a client unseen before, or one address of many, starts level with the
-flows being served rather than ahead of every one of them, and what a flow used while no
-other wanted a slot is not held against it.
-
-Decayed sums are ``v = sum(seconds * 2**((t - t0) / H))``: all flows decay by one factor,
-so comparing ``v`` compares decayed service exactly; ``t0`` moves on before the exponent
-grows large. Each pool has a heap of its flows; stale entries are skipped, and a heap is
-rebuilt once they outnumber live ones. Idle flows are forgotten once their service has
-decayed to nothing, or sooner past ``max_flows``. Pure: every call is given the time.
+Service lately is, first, the flow's requests in flight now (here and, with workers or
+replicas, in the other processes), then its slot-seconds decayed with a half-life, a
+flow becoming active starting at the queue's virtual time. The arithmetic, and why:
+``docs/design/queue.md``. Pure: every call is given the time.
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from itertools import count
 from typing import Generic, TypeVar
 
@@ -76,6 +64,8 @@ class FairQueue(Generic[T]):
         """The virtual time, in ``v``'s units: where a flow that becomes active starts."""
         self._seq = count()
         self._used = SlotTime()
+        self._elsewhere: Mapping[str, int] = {}
+        """Each flow's requests in flight in the other workers or replicas (as last told)."""
 
     def push(
         self,
@@ -230,7 +220,7 @@ class FairQueue(Generic[T]):
         if state is None or not state.flow.may_start(state.in_flight):
             return False
         v = state.v if state.in_flight or state.waiting else max(state.v, self._vtime)
-        key = (state.flow.band, state.in_flight, v)
+        key = (state.flow.band, state.in_flight + self._elsewhere.get(name, 0), v)
         for pool in pools:
             heap = self._pools[pool].heap if pool in self._pools else []
             while heap and heap[0] is not heap[0][-1].entry:
@@ -238,6 +228,15 @@ class FairQueue(Generic[T]):
             if heap and heap[0][:3] <= key:
                 return False
         return True
+
+    def elsewhere(self, running: Mapping[str, int]) -> None:
+        """Each flow's requests in flight in the other processes now: they count in its
+        order here as its own do (a flow busy elsewhere waits behind one idle everywhere)."""
+        before, self._elsewhere = self._elsewhere, running
+        for name in before.keys() | running.keys():
+            state = self._flows.get(name)
+            if state is not None and state.lanes and before.get(name) != running.get(name):
+                self._refresh(state)
 
     def waiting(self, pool: Hashable | None = None) -> int:
         """Requests waiting in ``pool``, or in all pools."""
@@ -370,7 +369,8 @@ class FairQueue(Generic[T]):
         if not state.flow.may_start(state.in_flight):
             lane.entry = None
             return
-        key = (state.flow.band, state.in_flight, state.v, lane.line[0].seq, next(self._seq))
+        running = state.in_flight + self._elsewhere.get(state.flow.name, 0)
+        key = (state.flow.band, running, state.v, lane.line[0].seq, next(self._seq))
         lane.entry = (*key, lane)
         heapq.heappush(box.heap, lane.entry)
         if len(box.heap) > 2 * len(box.lanes) + SLACK:

@@ -207,7 +207,7 @@ class Waits:
             made[0].item.shed(made[1])
         placed = self.queue.push(pool, flow, waiter, now, now + route.wait_timeout, limit)
         if flow.name in self._kept:  # its kept slot goes to the queue (to this one, as a
-            self.clock.callLater(0, self._release, flow.name)  # rule) once it is queued
+            self.clock.callLater(0, self._release, flow.name, True)  # rule) once queued
         if isinstance(placed, Waiting):
             self._held[placed.seq] = placed
             if self.share is not None:
@@ -295,10 +295,11 @@ class Waits:
         return [*((route, model) for route in routes), *((route, model, host) for route in routes)]
 
     def offered(self, host: str, model: str | None) -> bool:
-        """A slot freed in another worker is offered: whether a request waiting here took it."""
-        before = self.queue.waiting()
-        if before and not self._stopping:
-            self._send(self._pools_of(host, model), host)
+        """A slot freed in another worker is offered: whether a request waiting here took it
+        (none does when one waiting elsewhere comes first, as last told: it is passed on)."""
+        pools, before = self._pools_of(host, model), self.queue.waiting()
+        if before and not self._stopping and not self._behind(pools):
+            self._send(pools, host)
         return self.queue.waiting() < before
 
     def _keep(self, flow: Flow, host: str, model: str | None, pools: list[Hashable]) -> bool:
@@ -320,15 +321,16 @@ class Waits:
         self._kept[name] = (host, model, later)
         return True
 
-    def _release(self, name: str) -> None:
-        """Flow ``name``'s kept slot (if any) frees: the next waiting request takes it."""
+    def _release(self, name: str, came: bool = False) -> None:
+        """Flow ``name``'s kept slot (if any) frees: the next waiting request takes it (if
+        ``came``, its flow's next request waits here: this worker's order decides first)."""
         kept = self._kept.pop(name, None)
         if kept is not None:
             host, model, later = kept
             if later.active():
                 later.cancel()
             self.traffic.move(host, None, model)
-            self._freed(host, model, None, released=True)
+            self._freed(host, model, None, released=not came)
 
     def _send(self, pools: list[Hashable], host: str | None = None) -> None:
         """The next request a freed slot of ``pools`` (on ``host``) can serve goes to it."""
@@ -355,7 +357,7 @@ class Waits:
             waiting.item.shed(Refused(429, words, 1, "timeout"))
         pools = {w.pool for w in self._held.values()}
         for pool in pools:
-            while self.queue.waiting(pool) and self._has_room(pool) and not self._behind(pool):
+            while self.queue.waiting(pool) and self._has_room(pool) and not self._behind([pool]):
                 before = self.queue.waiting(pool)
                 self._send([pool])
                 if self.queue.waiting(pool) == before:  # every flow at its max_in_flight
@@ -363,11 +365,10 @@ class Waits:
         if self.queue.waiting():
             self._timer = self.clock.callLater(TICK, self._tick)
 
-    def _behind(self, pool: Hashable) -> bool:
-        """Whether a request waiting in another worker comes before this pool's first."""
-        share = self.share
-        head = None if share is None else self.queue.heads([pool]).get(pool)
-        return head is not None and share is not None and share.ahead([pool], head)
+    def _behind(self, pools: list[Hashable]) -> bool:
+        """Whether a request waiting in another worker comes before each pool's first here."""
+        heads, share = self.queue.heads(pools).items(), self.share
+        return bool(heads) and share is not None and all(share.ahead([p], h) for p, h in heads)
 
     def _has_room(self, pool: Any) -> bool:
         """Whether a request of ``pool`` can go now: a host of its group (of the host it

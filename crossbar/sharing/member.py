@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -29,7 +30,7 @@ class Uplink(Protocol):
 
     def report(self, report: Holding) -> None: ...
     def give(self, slot: SlotKey, pools: Sequence[Hashable], gift: int) -> None: ...
-    def place(self, placed: Sequence[Placed]) -> None: ...
+    def place(self, placed: Sequence[Placed]) -> Deferred[object]: ...
 
 
 class Member:
@@ -130,6 +131,8 @@ class Member:
             self._others = view.others
             self._gifts = [(n, slot) for n, slot in self._gifts if n > view.gifts]
             self._count()
+            if self.waits is not None:
+                self.waits.queue.elsewhere(view.others.flows)
 
     def _count(self) -> None:
         """The traffic counts the others' slots, and the gifts worker 0 has not counted yet."""
@@ -170,6 +173,8 @@ class Member:
         self.uplink = None
         self._others, self._gifts = Holding(), []
         self.traffic.set_others({})
+        if self.waits is not None:
+            self.waits.queue.elsewhere({})
         if self._due is not None and self._due.active():
             self._due.cancel()
         self._due = None

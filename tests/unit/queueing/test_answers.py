@@ -88,6 +88,18 @@ def test_a_slot_offered_by_another_worker_is_taken_by_the_first_request_waiting_
     assert here.told and here.told[0][0] == "dispatched"
 
 
+def test_an_offered_slot_is_passed_on_when_a_request_elsewhere_waits_first() -> None:
+    """Worker 0 offers by what this worker last reported; if the request it was offered for
+    has gone since, one waiting elsewhere may come before what waits here now."""
+    waits, _, traffic = shared_waits(first=True)
+    route, here = waits.route("lab"), Told()
+    assert route is not None
+    waits.admit(here, route, "m", ALICE)
+    traffic.move("gpu-a", None, "m")
+    assert waits.offered("gpu-a", "m") is False
+    assert here.told == []
+
+
 def test_the_other_workers_slots_make_a_host_full_here() -> None:
     memory = proxy()
     traffic = Traffic(["gpu-a", "gpu-b"], ["lab"], {"gpu-a": 1, "gpu-b": 1}, shared=True)
@@ -114,6 +126,21 @@ def test_a_kept_slot_its_flow_did_not_take_goes_by_the_fleet_s_order() -> None:
     cast(Clock, waits.clock).advance(KEEP)  # bob's next request did not come here
     assert others.given == [("gpu-a", "m", [])]
     assert here.told == []  # the shared count offers it: to alice, if she is first
+
+
+def test_a_kept_slot_goes_to_its_flow_s_next_request_when_that_waits_here() -> None:
+    """The next request came here: this worker's order decides first, so the slot kept
+    for it is not given over before the others have heard that it waits."""
+    waits, others, _ = shared_waits(first=False)
+    route, alice, bob = waits.route("lab"), Told(), Flow("bob", 0, None, 1)
+    assert route is not None
+    waits.admit(alice, route, "m", ALICE)  # normal band: waits here
+    waits.release(bob, "gpu-a", "m", 1.0)  # interactive: kept for bob's next request
+    here = Told()
+    assert isinstance(waits.admit(here, route, "m", bob), Queued)  # every slot counted taken
+    cast(Clock, waits.clock).advance(0)
+    assert here.told and here.told[0][0] == "dispatched"
+    assert others.given == [] and alice.told == []
 
 
 def test_a_request_waiting_first_elsewhere_is_not_passed_by_a_look_at_the_queue() -> None:

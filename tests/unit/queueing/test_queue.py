@@ -553,3 +553,22 @@ def test_each_pool_s_first_request_and_each_flow_s_running_count_for_the_other_w
     assert queue.heads() == {"chat": (1, 0, 2.0, "light"), "code": (1, 1, 3.0, "heavy")}
     assert queue.heads(["code", "gone"]) == {"code": (1, 1, 3.0, "heavy")}
     assert queue.running() == {"heavy": 1}
+
+
+def test_a_flow_busy_in_the_other_processes_waits_behind_one_idle_everywhere() -> None:
+    """With replicas, a heavy flow whose requests all run in another replica has none
+    running here: it still goes after a light flow with none running anywhere, and the
+    pool's first request, which the others are told of, is the light one."""
+    queue: FairQueue[str] = FairQueue()
+    heavy, light = Flow("heavy"), Flow("light")
+    queue.started(light, T0)
+    queue.finished(light, 30.0, T0)  # the light flow has been served here lately
+    queued(queue, POOL, heavy, "heavy's")
+    queued(queue, POOL, light, "light's")
+    assert queue.heads()[POOL][3] == "heavy"  # by what runs here alone, heavy's is first
+    queue.elsewhere({"heavy": 4})
+    assert queue.heads()[POOL][1::2] == (0, "light")
+    assert queue.pop([POOL], T0).item == "light's"  # type: ignore[union-attr]
+    queue.elsewhere({})  # the others' word is gone: each process counts its own again
+    queued(queue, POOL, light, "light's next")
+    assert queue.pop([POOL], T0).item == "heavy's"  # type: ignore[union-attr]

@@ -86,6 +86,7 @@ def test_a_light_flow_waiting_elsewhere_comes_before_a_heavy_flow_waiting_here()
     waits.queue.flows["heavy"] = 3  # the heavy flow runs 3 here, and 5 elsewhere
     m.others(View(Holding({}, {CHAT: (0, 0, 9.0, "light")}, {"heavy": 5}), 0))
     assert m.waiting()
+    assert waits.queue.others == {"heavy": 5}  # this worker's queue ranks by the fleet's count
     heavy = (0, 3, 1.0, "heavy")  # came long before the light one
     assert m.ahead([CHAT], heavy)
     assert m.owed("gpu-a", "m", [CHAT, HOME], [heavy])
@@ -162,14 +163,15 @@ def test_without_worker_0_a_worker_counts_its_own_requests_only() -> None:
 
 
 def test_losing_worker_0_clears_the_others_and_is_said_once_and_back_once() -> None:
-    m, uplink, _, _ = member()
+    m, uplink, _, waits = member()
     assert next(m.collect()).samples[0].value == 1
-    m.others(View(Holding({SLOT: 2}, {CHAT: (0, 0, 1.0, "bob")}, {}), 0))
+    m.others(View(Holding({SLOT: 2}, {CHAT: (0, 0, 1.0, "bob")}, {"bob": 2}), 0))
     logs = LogCapture()
     try:
         m.lost("connection refused")
         m.lost("connection refused")
         assert m.traffic.fleet_busy == {} and not m.waiting()
+        assert waits.queue.others == {}  # the queue ranks by this worker's own count again
         m.joined(uplink)
     finally:
         logs.close()
